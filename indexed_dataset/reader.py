@@ -217,6 +217,13 @@ class IndexedDataset:
         if bin_size != total_bytes:
             raise IndexFormatError(f"{self.bin_path}: {bin_size} bytes, but the lengths add up to {total_bytes}")
 
+    def __getstate__(self) -> dict:
+        # Maps cannot be pickled; a copy sent to a DataLoader worker (spawn) reopens the files by name.
+        return {"prefix": self.prefix}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["prefix"])
+
     def __repr__(self) -> str:
         return (
             f"IndexedDataset({self.prefix!r}, dtype={self.dtype.name}, sequences={self.num_sequences}, "

@@ -255,6 +255,14 @@ def test_a_pointer_past_the_data_is_never_returned_as_a_short_read(small):
         ds[1]
 
 
+def test_a_reader_pickles_by_name_for_spawned_workers(golden):
+    import pickle
+
+    ds = IndexedDataset(golden / "sample_en_eod_text_document")
+    copy = pickle.loads(pickle.dumps(ds))
+    assert np.array_equal(copy[5], ds[5]) and copy.prefix == ds.prefix
+
+
 def test_index_size_formula():
     assert index_file_size(232, 233) == os.path.getsize(
         os.path.join(os.path.dirname(__file__), "..", "..", "data_test", "megatron", "sample_en_eod_text_document.idx")

@@ -1,0 +1,32 @@
+"""Index math, GPT and blended datasets, the index cache and data-parallel samplers.
+
+    from samplers import GPTDatasetConfig, build_gpt_datasets, DataParallelSampler
+    cfg = GPTDatasetConfig(sequence_length=128, blend=(["data/x_text_document"], None), split="949,50,1")
+    train, valid, test = build_gpt_datasets(cfg, sizes=(1000, 100, None))
+
+The torch Datasets are imported on first use, so the index builders (`samplers.builder`,
+`samplers.indices`, the `build-indices` CLI) run without paying for importing torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from .config import GPTDatasetConfig
+from .sampler import DataParallelSampler
+
+_LAZY = {
+    "build_gpt_datasets": "samplers.datasets",
+    "GPTDataset": "samplers.gpt_dataset",
+    "BlendedDataset": "samplers.blended_dataset",
+}
+
+__all__ = ["BlendedDataset", "DataParallelSampler", "GPTDataset", "GPTDatasetConfig", "build_gpt_datasets"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the torch-dependent names on first access (PEP 562)."""
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'samplers' has no attribute {name!r}")

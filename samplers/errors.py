@@ -1,0 +1,23 @@
+"""The errors the samplers room raises on purpose; all are `TokenmillError`s, so CLIs print one line."""
+
+from indexed_dataset import TokenmillError
+
+
+class SamplerError(TokenmillError):
+    """Base of every samplers error."""
+
+
+class SplitFormatError(SamplerError, ValueError):
+    """A split string ("949,50,1") cannot be parsed; also a ValueError because it is bad config."""
+
+
+class BlendFormatError(SamplerError, ValueError):
+    """A blend ("0.3 a 0.7 b") or its weights are malformed; also a ValueError because it is bad config."""
+
+
+class EmptySplitError(SamplerError):
+    """A split with no sequences or no tokens was asked for samples."""
+
+
+class BlendSizeError(SamplerError):
+    """A blend asks a member dataset for more samples than the member holds."""
