@@ -65,9 +65,14 @@ class _GrowableArray:
 
 
 def _temporary_path(final_path: str) -> str:
+    """A fresh hidden temporary file beside `final_path`, with the permissions a plain open() would give."""
     directory, name = os.path.split(os.path.abspath(final_path))
     handle, path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     os.close(handle)
+    # mkstemp creates 0600; the finished files should honour the umask like Megatron's (usually 0644).
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
     return path
 
 

@@ -1,0 +1,142 @@
+"""Whole-process speed and memory of `preprocess-data` against a bare gigatoken encode (the ceiling).
+
+    python benchmarks/preprocess.py bench_data/corpus_en_10m.jsonl bench_data/corpus_en.jsonl --runs 3
+
+For each corpus, alternately runs (each in a fresh process, `--runs` times):
+  * ours:    python -m preprocess.cli --input CORPUS --tokenizer-type GPT2BPETokenizer ... --append-eod
+             (default workers, i.e. what a user gets without tuning);
+  * ceiling: a fresh Python that builds the same GPT-2 tokenizer and calls gigatoken's `encode_files` on
+             the JSONL (its own unchecked JSON reader; no validation, no output file).
+Prints medians of wall time, MB/s, tokens/s, peak RSS of the whole process tree, our speed as a
+fraction of the ceiling's, and (with two corpora) how peak RSS grows with corpus size. The machine's
+load average is printed too: other jobs on a small machine move every number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GPT2 = os.path.join(REPO, "data_test", "gpt2")
+MEGABYTE = 2**20
+RSS_POLL_SECONDS = 0.02
+
+CEILING = """
+import sys
+import gigatoken
+from tokenizers import AddedToken, Tokenizer, pre_tokenizers
+from tokenizers.models import BPE
+reference = Tokenizer(BPE.from_file(sys.argv[1], sys.argv[2]))
+reference.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+reference.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+encoded = gigatoken.Tokenizer(reference).encode_files(gigatoken.JsonlFileSource([sys.argv[3]]))
+print(len(encoded.layout.content))
+"""
+
+
+def _tree_rss_bytes(pid: int) -> int:
+    """Resident memory of a process and all its descendants (Linux /proc)."""
+    total, stack = 0, [pid]
+    while stack:
+        current = stack.pop()
+        try:
+            with open(f"/proc/{current}/status") as f:
+                total += next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
+            with open(f"/proc/{current}/task/{current}/children") as f:
+                stack.extend(int(child) for child in f.read().split())
+        except (FileNotFoundError, ProcessLookupError, StopIteration):
+            continue
+    return total
+
+
+def measure(command: list[str]) -> tuple[float, int, str]:
+    """(wall seconds, peak tree RSS bytes, stdout) of one fresh-process run."""
+    started = time.perf_counter()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": REPO})
+    peak = 0
+    done = threading.Event()
+
+    def poll() -> None:
+        nonlocal peak
+        while not done.is_set():
+            peak = max(peak, _tree_rss_bytes(process.pid))
+            time.sleep(RSS_POLL_SECONDS)
+
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    out, err = process.communicate()
+    seconds = time.perf_counter() - started
+    done.set()
+    poller.join()
+    if process.returncode != 0:
+        raise SystemExit(f"failed ({process.returncode}): {' '.join(command)}\n{err}")
+    return seconds, peak, out + err
+
+
+def bench_corpus(corpus: str, runs: int, workers: int | None, scratch: str) -> dict:
+    vocab, merges = os.path.join(GPT2, "gpt2-vocab.json"), os.path.join(GPT2, "gpt2-merges.txt")
+    ours = [sys.executable, "-m", "preprocess.cli", "--input", corpus, "--output-prefix",
+            os.path.join(scratch, "bench"), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab,
+            "--merge-file", merges, "--append-eod", "--log-interval", str(10**9)]
+    if workers is not None:
+        ours += ["--workers", str(workers)]
+    ceiling = [sys.executable, "-c", CEILING, vocab, merges, corpus]
+    results: dict[str, list[tuple[float, int]]] = {"ours": [], "ceiling": []}
+    tokens = {}
+    for _ in range(runs):
+        for name, command in (("ceiling", ceiling), ("ours", ours)):
+            seconds, peak, output = measure(command)
+            results[name].append((seconds, peak))
+            if name == "ceiling":
+                tokens[name] = int(output.split()[0])
+            else:
+                tokens[name] = int(output.split(" tokens,")[0].rsplit(" ", 1)[1])
+    size = os.path.getsize(corpus)
+    summary = {}
+    for name, samples in results.items():
+        seconds = statistics.median(s for s, _ in samples)
+        summary[name] = {"seconds": seconds, "mb_per_s": size / MEGABYTE / seconds,
+                         "tokens_per_s": tokens[name] / seconds, "peak_rss_mb": max(p for _, p in samples) / MEGABYTE,
+                         "all_seconds": [round(s, 2) for s, _ in samples]}
+    summary["ratio"] = summary["ceiling"]["seconds"] / summary["ours"]["seconds"]
+    # Best runs are the least disturbed by other jobs on a shared machine.
+    summary["best_ratio"] = min(summary["ceiling"]["all_seconds"]) / min(summary["ours"]["all_seconds"])
+    summary["size_mb"] = size / MEGABYTE
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("corpora", nargs="+", help="JSONL corpora ({'text': ...} per line)")
+    parser.add_argument("--runs", type=int, default=3, help="fresh-process runs of each command (median taken)")
+    parser.add_argument("--workers", type=int, default=None, help="preprocess-data --workers (default: its default)")
+    args = parser.parse_args()
+    print(f"cpus {os.cpu_count()}, load average before {os.getloadavg()}")
+    peaks = []
+    with tempfile.TemporaryDirectory() as scratch:
+        for corpus in args.corpora:
+            summary = bench_corpus(corpus, args.runs, args.workers, scratch)
+            print(f"\n{corpus} ({summary['size_mb']:.1f} MB), medians of {args.runs} runs")
+            for name in ("ours", "ceiling"):
+                row = summary[name]
+                print(f"  {name:8s} {row['seconds']:6.2f} s  {row['mb_per_s']:6.1f} MB/s  "
+                      f"{row['tokens_per_s'] / 1e6:6.2f} M tokens/s  peak RSS {row['peak_rss_mb']:6.0f} MB  "
+                      f"runs {row['all_seconds']}")
+            print(f"  speed vs ceiling: {summary['ratio']:.2f} of medians, {summary['best_ratio']:.2f} of best runs "
+                  "(target >= 0.6)")
+            peaks.append(summary["ours"]["peak_rss_mb"])
+    if len(peaks) > 1:
+        print(f"\npeak RSS growth, largest vs smallest corpus: {max(peaks) / min(peaks):.2f}x (target <= 1.10)")
+    print(f"load average after {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

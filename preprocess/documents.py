@@ -1,0 +1,142 @@
+"""From parsed texts to Megatron documents: tokenize, drop empty sequences, append EOD, vectorised.
+
+Megatron's per-document rules (tools/preprocess_data.py), applied to a whole batch with numpy:
+  * each piece (a sentence, or the whole text) is one sequence; pieces with no tokens are dropped;
+  * a document whose pieces all tokenize to nothing is an empty document (no sequences, no EOD);
+  * `--append-eod` appends the eod id to a non-empty document, counted in its last sequence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from .errors import EncodeError, InputError
+from .inputs import JsonLinesChunk
+from .jsonl import ParsedChunk, TextColumn
+from .sentences import SentenceSplitter
+from .tokenizers import Tokenizer
+
+
+@dataclass(frozen=True)
+class EncodedColumn:
+    """One key's documents in the writers' layout (see IndexedDatasetWriter.add_documents).
+
+    Attributes:
+        tokens: [N] ids, concatenated.
+        sequence_lengths: int64 [S], tokens per sequence.
+        document_sequence_counts: int64 [D], sequences per document (0 = empty document).
+    """
+
+    tokens: np.ndarray
+    sequence_lengths: np.ndarray
+    document_sequence_counts: np.ndarray
+
+    @property
+    def num_empty_documents(self) -> int:
+        return int(np.count_nonzero(self.document_sequence_counts == 0))
+
+
+def assemble_documents(
+    tokens: np.ndarray, piece_lengths: np.ndarray, piece_counts: np.ndarray | None, eod: int | None
+) -> EncodedColumn:
+    """Megatron documents from tokenized pieces.
+
+    Args:
+        tokens: [N] ids of every piece, concatenated.
+        piece_lengths: int64 [P] tokens per piece.
+        piece_counts: int64 [D] pieces per document, or None for one piece per document.
+        eod: id appended to every non-empty document, or None.
+
+    Returns:
+        the documents, with empty pieces dropped and EOD appended.
+    """
+    keep = piece_lengths > 0
+    sequence_lengths = piece_lengths[keep].astype(np.int64)
+    if piece_counts is None:
+        counts = keep.astype(np.int64)
+    else:
+        kept_before = np.zeros(len(keep) + 1, dtype=np.int64)
+        np.cumsum(keep, out=kept_before[1:])
+        bounds = np.zeros(len(piece_counts) + 1, dtype=np.int64)
+        np.cumsum(piece_counts, out=bounds[1:])
+        counts = kept_before[bounds[1:]] - kept_before[bounds[:-1]]
+    if eod is None or not len(sequence_lengths):
+        return EncodedColumn(tokens, sequence_lengths, counts)
+    last_sequence = np.cumsum(counts)[counts > 0] - 1
+    token_ends = np.cumsum(sequence_lengths)[last_sequence]
+    tokens = np.insert(tokens, token_ends, np.asarray(eod, dtype=tokens.dtype))
+    sequence_lengths[last_sequence] += 1
+    return EncodedColumn(tokens, sequence_lengths, counts)
+
+
+def split_column(column: TextColumn, splitter: SentenceSplitter) -> TextColumn:
+    """Every piece cut into sentences (an already-split list's strings are split further if needed)."""
+    sentences, per_piece = [], []
+    for text in column.pieces.to_pylist():
+        parts = splitter.split(text)
+        sentences.extend(parts)
+        per_piece.append(len(parts))
+    per_piece = np.array(per_piece, dtype=np.int64)
+    if column.piece_counts is None:
+        counts = per_piece
+    else:
+        bounds = np.zeros(len(column.piece_counts) + 1, dtype=np.int64)
+        np.cumsum(column.piece_counts, out=bounds[1:])
+        per_piece_before = np.zeros(len(per_piece) + 1, dtype=np.int64)
+        np.cumsum(per_piece, out=per_piece_before[1:])
+        counts = per_piece_before[bounds[1:]] - per_piece_before[bounds[:-1]]
+    return TextColumn(pa.array(sentences, type=pa.large_string()), counts)
+
+
+@dataclass(frozen=True)
+class EncodeSettings:
+    """What a worker needs to turn a chunk into documents (picklable: it crosses process boundaries)."""
+
+    keys: tuple[str, ...]
+    eod: int | None
+    skip_invalid: bool = False
+    lang: str | None = None
+    """Split sentences in this language; None = no splitting."""
+    keep_newlines: bool = False
+
+
+@dataclass
+class EncodedChunk:
+    """A chunk's documents, per key, ready for the writers."""
+
+    source: str
+    num_bytes: int
+    num_documents: int
+    columns: dict[str, EncodedColumn]
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+
+
+def _line_of_piece(parsed: ParsedChunk, column: TextColumn, piece: int) -> int:
+    if column.piece_counts is None:
+        return int(parsed.line_numbers[piece])
+    document = int(np.searchsorted(np.cumsum(column.piece_counts), piece, side="right"))
+    return int(parsed.line_numbers[document])
+
+
+def encode_chunk(chunk: JsonLinesChunk, tokenizer: Tokenizer, settings: EncodeSettings) -> EncodedChunk:
+    """Parse, split (optionally) and tokenize one chunk (any chunk kind with a `parse` method).
+
+    Raises:
+        InputError: an invalid line (unless skipping) or a text the tokenizer rejects, as `file:line:`.
+    """
+    parsed = chunk.parse(settings.keys, settings.skip_invalid)
+    splitter = SentenceSplitter(settings.lang, settings.keep_newlines) if settings.lang else None
+    columns = {}
+    for key, column in parsed.columns.items():
+        if splitter is not None:
+            column = split_column(column, splitter)
+        try:
+            ragged = tokenizer.encode_batch(column.pieces)
+        except EncodeError as error:
+            line = _line_of_piece(parsed, column, error.index)
+            raise InputError(f"{chunk.source}:{line}: key {key!r}: {error.reason}") from None
+        columns[key] = assemble_documents(ragged.tokens, ragged.lengths, column.piece_counts, settings.eod)
+    return EncodedChunk(chunk.source, chunk.num_bytes, parsed.num_documents, columns, parsed.skipped)

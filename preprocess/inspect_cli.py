@@ -1,0 +1,114 @@
+"""`inspect-index`: what a `.bin/.idx` pair holds, whether it is sound, and what its documents say.
+
+    inspect-index out/corpus_text_document                 # header, counts, lengths, max id
+    inspect-index out/corpus_text_document --validate      # exit 1 on any inconsistency
+    inspect-index out/corpus_text_document --show 3 --tokenizer-type GPT2BPETokenizer \
+        --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+
+from .cli_common import run_command
+from .inspect import DatasetReport, decode_documents, inspect_dataset, validate_dataset
+from .tokenizers import TokenizerConfig, build_tokenizer
+from .tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
+
+PROG = "inspect-index"
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class InspectConfig:
+    """One inspect-index call."""
+
+    path: str
+    """Dataset prefix, or its .bin/.idx path."""
+    validate: bool = False
+    """Run the full consistency check."""
+    documents: tuple[int, ...] = ()
+    """Documents to decode."""
+    tokenizer: TokenizerConfig | None = None
+    """Tokenizer for decoding (and the vocab-size check of --validate)."""
+    as_json: bool = False
+    """Print JSON instead of text."""
+
+    def __post_init__(self) -> None:
+        if self.documents and self.tokenizer is None:
+            raise ValueError("decoding documents needs the tokenizer flags (--tokenizer-type ...)")
+
+
+def _parse_indices(text: str) -> list[int]:
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated document numbers, got {text!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("path", metavar="PREFIX_OR_IDX", help="dataset prefix, or its .bin/.idx path")
+    parser.add_argument("--validate", action="store_true", help="full consistency check; exit 1 on any problem")
+    parser.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N documents")
+    parser.add_argument("--docs", type=_parse_indices, default=[], metavar="I,J,...", help="decode these documents")
+    parser.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+    add_tokenizer_arguments(parser, required=False)
+    return parser
+
+
+def _format(report: DatasetReport) -> str:
+    lines = [
+        f"dataset         {report.prefix}",
+        f"version         {report.version}",
+        f"dtype           {report.dtype}",
+        f"sequences       {report.sequences}",
+        f"documents       {report.documents} ({report.empty_documents} empty)",
+        f"tokens          {report.tokens}",
+        f"max id          {report.max_token_id}",
+        f"bytes           .bin {report.bin_bytes}, .idx {report.idx_bytes}",
+    ]
+    for name, stats in (("sequence", report.sequence_lengths), ("document", report.document_lengths)):
+        lines.append(f"{name + ' length':<16}min {stats.min}, mean {stats.mean:.1f}, median {stats.median:.1f}, "
+                     f"p99 {stats.p99:.1f}, max {stats.max}")
+    return "\n".join(lines)
+
+
+def run_inspect(config: InspectConfig) -> int:
+    """Print the report (and decoded documents); returns the exit code."""
+    report = inspect_dataset(config.path)
+    tokenizer = build_tokenizer(config.tokenizer) if config.tokenizer is not None else None
+    if config.validate:
+        validate_dataset(config.path, tokenizer)
+    decoded = decode_documents(config.path, tokenizer, list(config.documents)) if config.documents else {}
+    if config.as_json:
+        output = report.as_dict()
+        if config.validate:
+            output["valid"] = True
+        output["decoded"] = {str(index): text for index, text in decoded.items()}
+        print(json.dumps(output, indent=2, ensure_ascii=False))
+    else:
+        print(_format(report))
+        if config.validate:
+            print("valid           yes")
+        for index, text in decoded.items():
+            print(f"--- document {index} ---\n{text}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run inspect-index with `argv` (default: sys.argv[1:]); returns the exit code."""
+    args = build_parser().parse_args(argv)
+
+    def command() -> int:
+        shown = list(range(args.show)) + [index for index in args.docs if index >= args.show]
+        config = InspectConfig(path=args.path, validate=args.validate, documents=tuple(shown),
+                               tokenizer=tokenizer_config_from_args(args), as_json=args.as_json)
+        return run_inspect(config)
+
+    return run_command(PROG, command)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""`TokenizerConfig`: which tokenizer to build, with Megatron's option names."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass
+
+# The tokenizer types we build; each names the option fields it reads (every other option must stay
+# unset, so that a flag that is accepted always has an effect).
+TOKENIZER_OPTIONS: dict[str, tuple[str, ...]] = {
+    "GPT2BPETokenizer": ("vocab_file", "merge_file"),
+    "BertWordPieceLowerCase": ("vocab_file",),
+    "BertWordPieceCase": ("vocab_file",),
+    "SentencePieceTokenizer": ("tokenizer_model",),
+    "GPTSentencePieceTokenizer": ("tokenizer_model",),
+    "HuggingFaceTokenizer": ("tokenizer_model",),
+    "NullTokenizer": ("vocab_size",),
+}
+TOKENIZER_TYPES = tuple(TOKENIZER_OPTIONS)
+_OPTION_FIELDS = ("vocab_file", "merge_file", "tokenizer_model", "vocab_size")
+
+
+@dataclass(kw_only=True, slots=True, frozen=True)
+class TokenizerConfig:
+    """How to build a tokenizer; field names follow Megatron's `--tokenizer-*` flags."""
+
+    tokenizer_type: str
+    """One of TOKENIZER_TYPES."""
+    vocab_file: str | None = None
+    """GPT-2 vocab.json, or a BERT WordPiece vocab.txt."""
+    merge_file: str | None = None
+    """GPT-2 merges.txt."""
+    tokenizer_model: str | None = None
+    """A SentencePiece .model, or a Hugging Face tokenizer.json or directory holding one (local only)."""
+    vocab_size: int | None = None
+    """NullTokenizer's vocabulary size; its eod id is vocab_size - 1."""
+    tokenizer_hf_include_special_tokens: bool = True
+    """HuggingFaceTokenizer: add the tokenizer's own special tokens (e.g. BOS), as Megatron does."""
+
+    def __post_init__(self) -> None:
+        required = TOKENIZER_OPTIONS.get(self.tokenizer_type)
+        if required is None:
+            raise ValueError(f"tokenizer_type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+        for name in _OPTION_FIELDS:
+            value = getattr(self, name)
+            if name in required and value is None:
+                raise ValueError(f"{self.tokenizer_type} needs {name}")
+            if name not in required and value is not None:
+                raise ValueError(f"{name} is not used by {self.tokenizer_type}")
+        if not self.tokenizer_hf_include_special_tokens and self.tokenizer_type != "HuggingFaceTokenizer":
+            raise ValueError("tokenizer_hf_include_special_tokens=False only applies to HuggingFaceTokenizer")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+
+
+def dataclass_from_args(cls, args: argparse.Namespace, **overrides):
+    """An instance of dataclass `cls` from the parsed flags whose names match its fields, plus overrides."""
+    values = {field.name: getattr(args, field.name) for field in dataclasses.fields(cls) if hasattr(args, field.name)}
+    return cls(**{**values, **overrides})

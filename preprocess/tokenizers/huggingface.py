@@ -1,0 +1,109 @@
+"""Megatron's HuggingFaceTokenizer, from a local `tokenizer.json` (or a directory holding one).
+
+Like Megatron (`tokenizer(text).input_ids`), the tokenizer's own special tokens (a BOS, say) are
+added unless `include_special_tokens` is off. eod is the `eos_token` of a `tokenizer_config.json` or
+`special_tokens_map.json` next to the tokenizer.json. When gigatoken can load the tokenizer and gives
+the same ids on the probe texts, it does the encoding; otherwise Hugging Face `tokenizers` does.
+Nothing is ever fetched from the Hub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import gigatoken
+import numpy as np
+import pyarrow as pa
+from tokenizers import Tokenizer as HFTokenizer
+
+from ..errors import TokenizerError
+from .base import RaggedTokens, Tokenizer
+from .files import require_file
+from .giga import GigatokenTokenizer, matches_reference
+from .wordpiece import encode_batch_hf
+
+TOKENIZER_JSON = "tokenizer.json"
+_CONFIG_FILES = ("tokenizer_config.json", "special_tokens_map.json")
+# A text whose ids reveal the special tokens a post-processor puts around every text.
+_SPECIALS_PROBE = "a"
+
+
+def _named_token(directory: str, name: str) -> str | None:
+    """The content of a named special token (e.g. "eos_token") from the config files, if any."""
+    for config in _CONFIG_FILES:
+        path = os.path.join(directory, config)
+        if not os.path.isfile(path):
+            continue
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = json.load(f).get(name)
+        except (OSError, ValueError, AttributeError) as error:
+            raise TokenizerError(f"{path}: cannot read: {error}") from None
+        if isinstance(value, dict):
+            value = value.get("content")
+        if isinstance(value, str):
+            return value
+    return None
+
+
+def _special_affixes(reference: HFTokenizer) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """(prefix, suffix) ids the post-processor adds around a single text, or None if not that shape."""
+    plain = reference.encode(_SPECIALS_PROBE, add_special_tokens=False).ids
+    full = reference.encode(_SPECIALS_PROBE).ids
+    for start in range(len(full) - len(plain) + 1):
+        if full[start : start + len(plain)] == plain:
+            return tuple(full[:start]), tuple(full[start + len(plain) :])
+    return None
+
+
+class HFTokenizersTokenizer(Tokenizer):
+    """Any tokenizer.json through Hugging Face `tokenizers`."""
+
+    def __init__(self, backend: HFTokenizer, eod: int | None, pad: int | None, add_special_tokens: bool) -> None:
+        self.backend = backend
+        self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
+        self._eod = eod
+        self.pad = pad
+        self.add_special_tokens = add_special_tokens
+
+    def encode(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids
+
+    def decode(self, ids) -> str:
+        # Special tokens stay in the text, as in transformers' decode (and gigatoken's).
+        return self.backend.decode(np.asarray(ids).tolist(), skip_special_tokens=False)
+
+    def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
+        return encode_batch_hf(self.backend, texts, self.add_special_tokens)
+
+
+def build_huggingface_tokenizer(tokenizer_model: str, include_special_tokens: bool = True) -> Tokenizer:
+    """A HuggingFaceTokenizer from a local tokenizer.json or a directory holding one.
+
+    Raises:
+        TokenizerError: no such file, or it cannot be parsed.
+    """
+    path = os.path.join(tokenizer_model, TOKENIZER_JSON) if os.path.isdir(tokenizer_model) else tokenizer_model
+    require_file(path, "Hugging Face tokenizer.json (local files only, nothing is downloaded)")
+    try:
+        reference = HFTokenizer.from_file(path)
+    except Exception as error:  # tokenizers raises a bare Exception for malformed files
+        raise TokenizerError(f"{path}: cannot read tokenizer.json: {error}") from None
+    directory = os.path.dirname(os.path.abspath(path))
+    eod, pad = (
+        reference.token_to_id(token) if token else None
+        for token in (_named_token(directory, "eos_token"), _named_token(directory, "pad_token"))
+    )
+    fallback = HFTokenizersTokenizer(reference, eod, pad, include_special_tokens)
+    affixes = _special_affixes(reference) if include_special_tokens else ((), ())
+    if affixes is None:
+        return fallback
+    try:
+        with open(path, "rb") as f:
+            backend = gigatoken.Tokenizer.from_json(f.read())
+    except Exception:  # gigatoken raises RuntimeError/ValueError for models it does not implement
+        return fallback
+    fast = GigatokenTokenizer(backend, fallback.vocab_size, eod, pad, *affixes)
+    plain = lambda text: reference.encode(text, add_special_tokens=False).ids  # noqa: E731
+    return fast if matches_reference(backend, plain) else fallback

@@ -1,0 +1,148 @@
+"""Megatron's SentencePieceTokenizer and GPTSentencePieceTokenizer, from a SentencePiece `.model`.
+
+GPTSentencePieceTokenizer is the plain model: ids = `encode_as_ids(text)`, eod = the model's EOS.
+SentencePieceTokenizer is Megatron's T5/BERT flavour: it appends `<CLS> <SEP> <EOD> <MASK>` (and PAD,
+BOS, EOS pieces the model lacks) after the model's own pieces and cuts a text at those special
+strings before encoding the parts; eod = `<EOD>`. A BPE model with byte fallback is encoded by
+gigatoken when it gives sentencepiece's ids on the probe texts (GPT flavour only).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import gigatoken
+import numpy as np
+import pyarrow as pa
+import sentencepiece
+
+from ..errors import TokenizerError
+from .base import RaggedTokens, Tokenizer, as_large_strings
+from .files import require_file
+from .giga import GigatokenTokenizer, matches_reference
+
+# Megatron's order of added special pieces; PAD/BOS/EOS fall back to these names when the model has none.
+MEGATRON_SPECIAL_PIECES = ("<CLS>", "<SEP>", "<EOD>", "<MASK>")
+FALLBACK_PIECES = {"pad": "<PAD>", "bos": "<BOS>", "eos": "<EOS>"}
+
+
+def _load(model_file: str) -> sentencepiece.SentencePieceProcessor:
+    require_file(model_file, "SentencePiece model")
+    try:
+        return sentencepiece.SentencePieceProcessor(model_file=model_file)
+    except (RuntimeError, OSError) as error:
+        raise TokenizerError(f"{model_file}: cannot read SentencePiece model: {error}") from None
+
+
+def _piece_or(model: sentencepiece.SentencePieceProcessor, piece_id: int, default: str) -> str:
+    return model.id_to_piece(piece_id) if 0 <= piece_id < model.get_piece_size() else default
+
+
+class SentencePieceBase(Tokenizer):
+    """A SentencePiece model encoded by the sentencepiece library (multi-threaded batch encode)."""
+
+    def __init__(self, model: sentencepiece.SentencePieceProcessor) -> None:
+        self.model = model
+
+    def encode(self, text: str) -> list[int]:
+        return self.model.encode_as_ids(text)
+
+    def decode(self, ids) -> str:
+        return self.model.decode_ids(np.asarray(ids).tolist())
+
+    def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
+        return RaggedTokens.from_lists(self.model.encode(as_large_strings(texts).to_pylist(), out_type=int))
+
+
+class GPTSentencePieceTokenizer(SentencePieceBase):
+    """The model's own pieces and ids; eod = EOS, pad = PAD (None if the model has none)."""
+
+    def __init__(self, model: sentencepiece.SentencePieceProcessor) -> None:
+        super().__init__(model)
+        self.vocab_size = model.get_piece_size()
+        self._eod = model.eos_id() if model.eos_id() >= 0 else None
+        self.pad = model.pad_id() if model.pad_id() >= 0 else None
+
+
+class MegatronSentencePieceTokenizer(SentencePieceBase):
+    """Megatron's SentencePieceTokenizer: extra special pieces, texts cut at special strings."""
+
+    def __init__(self, model: sentencepiece.SentencePieceProcessor) -> None:
+        super().__init__(model)
+        vocab = {model.id_to_piece(i): i for i in range(model.get_piece_size())}
+        specials: dict[str, int] = {}
+
+        def add(piece: str) -> int:
+            specials[piece] = vocab.setdefault(piece, len(vocab))
+            return specials[piece]
+
+        for piece in MEGATRON_SPECIAL_PIECES:
+            add(piece)
+        self.pad = add(_piece_or(model, model.pad_id(), FALLBACK_PIECES["pad"]))
+        add(_piece_or(model, model.bos_id(), FALLBACK_PIECES["bos"]))
+        add(_piece_or(model, model.eos_id(), FALLBACK_PIECES["eos"]))
+        self._eod = specials["<EOD>"]
+        self.vocab_size = len(vocab)
+        self.specials = specials
+        self._inverse_specials = {i: piece for piece, i in specials.items()}
+        # Leftmost match wins, ties go to the earlier-added piece: Megatron's `min(indices)` rule.
+        self._special_pattern = re.compile("|".join(re.escape(piece) for piece in specials))
+
+    def encode(self, text: str) -> list[int]:
+        ids: list[int] = []
+        start = 0
+        for match in self._special_pattern.finditer(text):
+            ids.extend(self.model.encode_as_ids(text[start : match.start()]))
+            ids.append(self.specials[match.group()])
+            start = match.end()
+        ids.extend(self.model.encode_as_ids(text[start:]))
+        return ids
+
+    def decode(self, ids) -> str:
+        parts, run = [], []
+        for token in np.asarray(ids).tolist():
+            if token in self._inverse_specials:
+                parts += [self.model.decode_ids(run), self._inverse_specials[token]]
+                run = []
+            else:
+                run.append(token)
+        parts.append(self.model.decode_ids(run))
+        return " ".join(part for part in parts if part)
+
+    def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
+        return Tokenizer.encode_batch(self, texts)
+
+
+def build_sentencepiece_tokenizer(model_file: str, megatron_specials: bool) -> Tokenizer:
+    """SentencePieceTokenizer (`megatron_specials`) or GPTSentencePieceTokenizer.
+
+    Raises:
+        TokenizerError: the model file is missing or unreadable.
+    """
+    model = _load(model_file)
+    if megatron_specials:
+        return MegatronSentencePieceTokenizer(model)
+    reference = GPTSentencePieceTokenizer(model)
+    backend = _gigatoken_backend(model_file)
+    if backend is None or not matches_reference(backend, reference.encode):
+        return reference
+    return GigatokenTokenizer(backend, reference.vocab_size, reference._eod, reference.pad)
+
+
+def _gigatoken_backend(model_file: str) -> gigatoken.Tokenizer | None:
+    """gigatoken's version of a BPE model, or None when gigatoken cannot load it.
+
+    gigatoken registers `<s>`/`</s>` as special tokens matched inside the text (Hugging Face's habit);
+    sentencepiece encodes such text literally, so the registration is dropped. The converter is
+    gigatoken's private module, hence the broad fallback.
+    """
+    try:
+        from gigatoken._load.sentencepiece import sentencepiece_to_tokenizer_json
+
+        with open(model_file, "rb") as f:
+            spec = json.loads(sentencepiece_to_tokenizer_json(f.read()))
+        spec["added_tokens"] = []
+        return gigatoken.Tokenizer.from_json(json.dumps(spec))
+    except Exception:  # gigatoken implements BPE models with byte fallback only, and may move its converter
+        return None

@@ -1,0 +1,90 @@
+"""inspect-index: header facts, length statistics, validation, decoding, JSON; damaged files fail cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+
+from indexed_dataset import IndexedDataset
+from preprocess import inspect_cli
+from preprocess.inspect import inspect_dataset
+from preprocess_testing import GOLDEN, GPT2_FLAGS, sample_texts
+
+EOD_PREFIX = os.path.join(GOLDEN, "sample_en_eod_text_document")
+
+
+def test_report_matches_the_arrays():
+    report = inspect_dataset(EOD_PREFIX + ".idx")
+    dataset = IndexedDataset(EOD_PREFIX)
+    lengths = dataset.sequence_lengths
+    assert (report.version, report.dtype, report.sequences, report.documents) == (1, "uint16", 232, 232)
+    assert report.tokens == int(lengths.sum()) and report.max_token_id == 50256
+    assert report.sequence_lengths.min == lengths.min() and report.sequence_lengths.max == lengths.max()
+    assert report.sequence_lengths.median == float(np.median(lengths))
+    assert report.sequence_lengths.p99 == float(np.percentile(lengths, 99))
+    assert report.bin_bytes == 2 * report.tokens and report.idx_bytes == 34 + 12 * 232 + 8 * 233
+
+
+def test_json_output_with_decoded_documents(capsys):
+    argv = [EOD_PREFIX, "--json", "--validate", "--show", "1", "--docs", "5,17", *GPT2_FLAGS]
+    assert inspect_cli.main(argv) == 0
+    output = json.loads(capsys.readouterr().out)
+    texts = sample_texts()
+    assert output["valid"] is True and output["documents"] == 232
+    assert output["decoded"] == {str(i): texts[i] + "<|endoftext|>" for i in (0, 5, 17)}
+
+
+def test_text_output(capsys):
+    assert inspect_cli.main([EOD_PREFIX]) == 0
+    out = capsys.readouterr().out
+    assert "dtype           uint16" in out and "documents       232 (0 empty)" in out
+
+
+def test_decoding_needs_the_tokenizer_flags(capsys):
+    assert inspect_cli.main([EOD_PREFIX, "--show", "2"]) == 2
+    assert "needs the tokenizer flags" in capsys.readouterr().err
+
+
+@pytest.fixture
+def copy_of_golden(tmp_path):
+    for ext in (".bin", ".idx"):
+        shutil.copy(EOD_PREFIX + ext, tmp_path / ("data" + ext))
+    return str(tmp_path / "data")
+
+
+def test_validate_fails_on_inconsistent_pointers(copy_of_golden, capsys):
+    with open(copy_of_golden + ".idx", "r+b") as f:
+        f.seek(34 + 4 * 232 + 8 * 5)  # sequence 5's pointer
+        f.write(np.int64(12345).tobytes())
+    assert inspect_cli.main([copy_of_golden]) == 0  # the header checks still pass
+    assert inspect_cli.main([copy_of_golden, "--validate"]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "sequence 5 points to byte 12345" in error[0]
+
+
+def test_validate_checks_ids_against_the_tokenizer(copy_of_golden, capsys):
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+    assert inspect_cli.main([copy_of_golden, "--validate", *null]) == 1
+    assert "token id 50256 >= the tokenizer's vocab size 1000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("damage", ["truncate_bin", "truncate_idx", "missing_bin"])
+def test_damaged_or_missing_files_are_one_line(copy_of_golden, capsys, damage):
+    if damage == "truncate_bin":
+        os.truncate(copy_of_golden + ".bin", 100)
+    elif damage == "truncate_idx":
+        os.truncate(copy_of_golden + ".idx", 20)
+    else:
+        os.remove(copy_of_golden + ".bin")
+    assert inspect_cli.main([copy_of_golden]) == 1
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("inspect-index: error: ") and copy_of_golden in error[0]
+
+
+def test_document_out_of_range(capsys):
+    assert inspect_cli.main([EOD_PREFIX, "--docs", "232", *GPT2_FLAGS]) == 1
+    assert "document 232 out of range" in capsys.readouterr().err
