@@ -13,6 +13,8 @@
    adds is that writer's time minus the mmap writer's; the budget is 15 % of the mmap run.
 3. Every dataset is read back through our readers (all tokens, in document batches): tokens/s,
    with the tokens checked equal to the mmap ones.
+4. MindRecord's CompressInt on the first documents (about `KERNEL_SAMPLE_TOKENS` tokens): the numba
+   kernels against their numpy reference twins, outputs checked equal.
 
 Build the corpus first: `bash /work/shared/bench/make_corpus.sh bench_data`.
 """
@@ -32,6 +34,12 @@ from pathlib import Path
 import numpy as np
 
 from indexed_dataset import IndexedDataset
+from indexed_dataset.compress_int import (
+    compress_int_rows,
+    compress_int_rows_reference,
+    decompress_int_rows,
+    decompress_int_rows_reference,
+)
 from indexed_dataset.convert import DEFAULT_BATCH_DOCUMENTS
 from indexed_dataset.formats import FORMATS, open_reader, open_writer, read_documents
 from preprocess.config import PreprocessConfig
@@ -40,6 +48,7 @@ from preprocess.tokenizers import TokenizerConfig
 
 REPO = Path(__file__).resolve().parents[1]
 OVERHEAD_BUDGET = 0.15  # the issue's limit on what a shard format may add to the mmap run
+KERNEL_SAMPLE_TOKENS = 2**21  # the numpy twins need ~100 bytes of temporaries per token
 OUTPUT_NAMES = {"mmap": "out_text_document", "arrow": "out_arrow", "mindrecord": "out.mindrecord"}
 
 
@@ -80,6 +89,34 @@ def read_all(path: str) -> np.uint64:
         tokens = read_documents(reader, first, min(first + DEFAULT_BATCH_DOCUMENTS, num_documents)).tokens
         total += tokens.sum(dtype=np.uint64)
     return total
+
+
+def compress_int_rates(source: IndexedDataset, runs: int) -> None:
+    """Print CompressInt encode and decode rates: numba kernels vs numpy twins, on real documents."""
+    corpus = read_documents(source, 0, source.num_documents)  # views of the memory map
+    offsets = corpus.document_token_offsets()
+    batch = corpus.documents(0, max(int(np.searchsorted(offsets, KERNEL_SAMPLE_TOKENS, "right")) - 1, 1))
+    counts = np.diff(batch.document_token_offsets())
+    encoded, sizes = compress_int_rows(batch.tokens, counts)
+    starts = np.cumsum(sizes) - sizes
+    if encoded.tobytes() != compress_int_rows_reference(batch.tokens, counts)[0].tobytes():
+        raise SystemExit("CompressInt: the kernel's bytes differ from the numpy twin's")
+    if not np.array_equal(decompress_int_rows(encoded, starts, sizes)[0], batch.tokens):
+        raise SystemExit("CompressInt: decoding does not give the tokens back")
+    if not np.array_equal(decompress_int_rows_reference(encoded, starts)[0], batch.tokens):
+        raise SystemExit("CompressInt: the numpy twin does not decode the tokens back")
+    pairs = {
+        "encode": (lambda: compress_int_rows(batch.tokens, counts),
+                   lambda: compress_int_rows_reference(batch.tokens, counts)),
+        "decode": (lambda: decompress_int_rows(encoded, starts, sizes),
+                   lambda: decompress_int_rows_reference(encoded, starts)),
+    }
+    print(f"\nCompressInt, {len(counts)} documents, {len(batch.tokens)} tokens")
+    print(f"{'':<8} {'kernel Mtok/s':>14} {'numpy twin Mtok/s':>18} {'ratio':>7}")
+    for name, (kernel, twin) in pairs.items():
+        kernel_rate = len(batch.tokens) / median_seconds(kernel, runs) / 1e6
+        twin_rate = len(batch.tokens) / median_seconds(twin, runs) / 1e6
+        print(f"{name:<8} {kernel_rate:>14.1f} {twin_rate:>18.1f} {kernel_rate / twin_rate:>6.1f}x")
 
 
 def disk_bytes(path: str) -> tuple[int, int]:
@@ -150,6 +187,8 @@ def main() -> None:
             rate = source.num_tokens / read_seconds[fmt] / 1e6
             relative = read_seconds["mmap"] / read_seconds[fmt]
             print(f"{fmt:<11} {read_seconds[fmt]:>8.3f} {rate:>10.1f} {relative:>7.2f}x")
+
+        compress_int_rates(source, args.runs)
 
 
 if __name__ == "__main__":

@@ -31,14 +31,13 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from .errors import TokenmillError
+from .errors import ShardFormatError, TokenmillError
 from .formats import (
     ARROW_STATE_FILE,
     FIELD_TYPES,
     DocumentBatch,
     RowDocumentsReader,
     RowShardWriter,
-    ShardFormatError,
     check_document_batch,
     check_fields,
     check_row_layout,

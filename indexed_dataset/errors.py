@@ -15,3 +15,7 @@ class IndexFormatError(TokenmillError):
 
 class TokenRangeError(TokenmillError):
     """A token id does not fit the dataset's dtype; the message names the document."""
+
+
+class ShardFormatError(TokenmillError):
+    """An Arrow or MindRecord dataset is missing, damaged or not made of token rows; names the file."""

@@ -27,17 +27,13 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TokenmillError, TokenRangeError
+from .errors import ShardFormatError, TokenmillError, TokenRangeError
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
 FORMATS = ("mmap", "arrow", "mindrecord")
 ARROW_STATE_FILE = "state.json"
 _MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")
-
-
-class ShardFormatError(TokenmillError):
-    """An Arrow or MindRecord dataset is missing, damaged or not made of token rows; names the file."""
 
 
 @dataclass(frozen=True)

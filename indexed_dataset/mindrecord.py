@@ -1,4 +1,4 @@
-"""MindRecord v3.0 (MindSpore's `FileWriter` format), written and read with numpy and sqlite3 alone.
+"""MindRecord v3.0 (MindSpore's `FileWriter` format), written and read with numpy, numba and sqlite3.
 
     with MindRecordWriter("out/corpus.mindrecord", np.uint16, num_shards=1) as writer:
         writer.add_documents(tokens, sequence_lengths, document_sequence_counts)
@@ -19,9 +19,8 @@ RAW_DATA pages (`[u64 LE len][msgpack map]` per row, `{"id": 0}` when there are 
 The first raw page has `page_type_id` 0, later ones their own `page_id` (MindSpore's quirk).
 
 A blob is the row's one array field, or, with several, `[u64 BE len][field bytes]` per field in
-`blob_fields` order. Integer arrays are "CompressInt"-ed: `u32 BE` element count, a bitmap of 2-bit
-width codes (0 int8, 1 int16, 2 int32, 3 int64; most significant bits first, 4 per byte), then every
-value little-endian in its narrowed width. The header's `compression_size` is the bytes saved over
+`blob_fields` order. Integer arrays are "CompressInt"-ed (`compress_int`: a count, 2-bit width
+codes, then every value little-endian in its narrowed width). The header's `compression_size` is the bytes saved over
 all shards. The `.db` holds `SHARD_NAME(NAME)` and one `INDEXES` row per record with page ids and
 page-relative offsets. The writer reproduces files of MindSpore 2.10's `FileWriter` byte for byte
 (apart from the file names), written as one `write_raw_data` call; unlike it, it keeps empty
@@ -40,12 +39,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import TokenmillError
+from .compress_int import COUNT_BYTES, compress_int_into, compress_int_sizes, decompress_int_rows
+from .errors import ShardFormatError, TokenmillError
 from .formats import (
     DocumentBatch,
     RowDocumentsReader,
     RowShardWriter,
-    ShardFormatError,
     check_document_batch,
     check_row_layout,
     row_structure,
@@ -67,8 +66,6 @@ EMPTY_DOCUMENT_POLICIES = ("write", "reject")
 ENCODE_CHUNK_TOKENS = 2**20
 _U64 = struct.Struct("<Q")
 _LEN = 8  # every length prefix (row framing LE, field framing BE) is 8 bytes
-_COUNT = 4  # CompressInt's u32 BE element count
-_CODES_PER_BYTE = 4
 # Rows of an all-blob schema get this raw part: [u64 LE 5] + msgpack {"id": 0}.
 DUMMY_RAW_ROW = _U64.pack(5) + b"\x81\xa2id\x00"
 INDEXES_SQL = (
@@ -78,14 +75,6 @@ INDEXES_SQL = (
     "PRIMARY KEY(ROW_ID))"
 )
 SHARD_NAME_SQL = "CREATE TABLE SHARD_NAME(NAME TEXT NOT NULL)"
-_INT_WIDTH_BOUNDS = [np.iinfo(t) for t in (np.int8, np.int16, np.int32)]
-_NARROW_DTYPES = ("<i1", "<i2", "<i4", "<i8")
-_EXTRA_BYTES = np.array([0, 1, 3, 7], dtype=np.uint8)  # width - 1 for each code
-_UINT16_MAX = np.iinfo(np.uint16).max
-# Largest id each code holds as a non-negative value once widened to two bytes (int8, int16, then 2 bytes).
-_SIGNED_LIMITS = np.array([np.iinfo(np.int8).max, np.iinfo(np.int16).max, _UINT16_MAX], dtype=np.uint16)
-
-
 def _concat_int64(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.zeros(0, np.int64), *arrays]).astype(np.int64, copy=False)
 
@@ -97,202 +86,9 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
     return out
 
 
-def _segment_labels(sizes: np.ndarray) -> np.ndarray:
-    """uint8 [sum of sizes]: for sizes [R, K] of K segments per row, the segment number of every byte."""
-    return np.repeat(np.tile(np.arange(sizes.shape[1], dtype=np.uint8), sizes.shape[0]), sizes.ravel())
-
-
-def interleave_rows(segments: Sequence[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Row r of the output is segment 0's row r, then segment 1's row r, ...
-
-    The segments before the last are interleaved first (recursively), then merged with the last one
-    through one boolean mask: two masked copies over the output, no per-byte index arrays. Put the
-    largest segment last; this is the writer's hot path.
-
-    Args:
-        segments: (flat uint8 bytes, int64 [R] bytes per row) for each segment.
-
-    Returns:
-        (uint8 [sum of all sizes], int64 [R] bytes per output row).
-    """
-    last, last_sizes = segments[-1]
-    last_sizes = np.asarray(last_sizes, dtype=np.int64)
-    if len(segments) == 1:
-        return last, last_sizes
-    head, head_sizes = interleave_rows(segments[:-1])
-    is_last = np.repeat(np.tile([False, True], len(last_sizes)), np.stack([head_sizes, last_sizes], axis=1).ravel())
-    out = np.empty(len(is_last), dtype=np.uint8)
-    out[is_last] = last
-    out[~is_last] = head
-    return out, head_sizes + last_sizes
-
-
-def _width_codes(values: np.ndarray) -> np.ndarray:
-    """uint8 [N]: CompressInt's width code of every value (0 int8, 1 int16, 2 int32, 3 int64)."""
-    codes = np.zeros(len(values), dtype=np.uint8)
-    if not len(values):
-        return codes
-    low, high = values.min(), values.max()
-    for bounds in _INT_WIDTH_BOUNDS:  # one more width step for each range a value leaves
-        if bounds.min <= low and high <= bounds.max:
-            break
-        codes += values > bounds.max if low >= 0 else (values < bounds.min) | (values > bounds.max)
-    return codes
-
-
-def _byte_masks(codes: np.ndarray, stride: int) -> np.ndarray:
-    """bool [N * stride]: for each value laid out in `stride` bytes, which bytes its width keeps.
-
-    One table lookup per value of a `stride`-byte word whose bytes are 0/1 (a broadcast comparison
-    is several times slower).
-    """
-    table = np.array([[int(b < (1 << c)) for b in range(stride)] for c in range(len(_NARROW_DTYPES))], np.uint8)
-    return table.view(f"<u{stride}").ravel()[codes].view(np.bool_)
-
-
-def _pack_bitmap(codes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(uint8 bitmap bytes of all rows, int64 bitmap bytes per row): 4 codes a byte, first code highest."""
-    bitmap_sizes = (counts + _CODES_PER_BYTE - 1) // _CODES_PER_BYTE
-    pads = bitmap_sizes * _CODES_PER_BYTE - counts  # each row's last byte is filled up with code 0
-    quads = np.insert(codes, np.repeat(np.cumsum(counts), pads), 0).reshape(-1, _CODES_PER_BYTE)
-    return (quads[:, 0] << 6) | (quads[:, 1] << 4) | (quads[:, 2] << 2) | quads[:, 3], bitmap_sizes
-
-
-def _pack_values(values: np.ndarray, codes: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every value little-endian in its code's width: (uint8 bytes concatenated, int64 [R] bytes per row)."""
-    if len(values) and codes.max() <= 2 and values.min() >= 0 and values.max() <= _UINT16_MAX:
-        # Token ids below 65536 (the common case): keep each id's two bytes, drop the high byte of the
-        # int8 ones, then insert the two zero bytes the int32 ones need. Compacting 2 bytes per id
-        # instead of a 4-byte word is what keeps this near memory speed.
-        two_bytes = np.ascontiguousarray(values, dtype="<u2").view(np.uint8)
-        keep = np.ones(len(two_bytes), dtype=bool)
-        keep[1::2] = codes != 0
-        packed = np.compress(keep, two_bytes)
-        narrow, wide = np.flatnonzero(codes == 0), np.flatnonzero(codes == 2)
-        if wide.size:
-            packed = np.insert(packed, np.repeat(2 * (wide + 1) - np.searchsorted(narrow, wide), 2), 0)
-        # Value j starts at byte 2j - (int8 values before it) + 2 (int32 values before it).
-        bounds = np.concatenate([[0], np.cumsum(counts)])
-        starts = 2 * bounds - np.searchsorted(narrow, bounds) + 2 * np.searchsorted(wide, bounds)
-        return packed, np.diff(starts)
-    stride = 1 << int(codes.max()) if len(codes) else 1
-    narrow_bytes = values.astype(_NARROW_DTYPES[stride.bit_length() - 1]).view(np.uint8)
-    return np.compress(_byte_masks(codes, stride), narrow_bytes), counts + _row_sums(_EXTRA_BYTES[codes], counts)
-
-
-def _row_sums(per_value: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """int64 [R]: `per_value` summed over each row (rows of `counts` values, 0 allowed)."""
-    sums = np.zeros(len(counts), dtype=np.int64)
-    filled = counts > 0
-    if filled.any():
-        sums[filled] = np.add.reduceat(per_value, (np.cumsum(counts) - counts)[filled], dtype=np.int64)
-    return sums
-
-
-def compress_int_parts(values: np.ndarray, counts: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
-    """The three CompressInt parts of every row, as `interleave_rows` segments.
-
-    Args:
-        values: [N] integers, the rows concatenated.
-        counts: int64 [R] elements per row.
-
-    Returns:
-        [(u32 BE counts, 4 per row), (bitmaps, (n + 3) // 4 per row), (narrowed values, per row)].
-    """
-    values = np.asarray(values)
-    codes = _width_codes(values)
-    bitmap, bitmap_sizes = _pack_bitmap(codes, counts)
-    return [
-        (counts.astype(">u4").view(np.uint8), np.full(len(counts), _COUNT)),
-        (bitmap, bitmap_sizes),
-        _pack_values(values, codes, counts),
-    ]
-
-
-def compress_int_rows(values: np.ndarray, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """CompressInt every row: (uint8 [B] the encoded rows concatenated, int64 [R] bytes per row)."""
-    return interleave_rows(compress_int_parts(values, np.asarray(counts, dtype=np.int64)))
-
-
-# Bitmap byte -> its 4 codes (first code in byte 0), looked up as one uint32 per byte.
-_BITMAP_CODES = np.array([[(b >> s) & 3 for s in (6, 4, 2, 0)] for b in range(256)], np.uint8).view("<u4").ravel()
-
-
-def decompress_int_rows(data: np.ndarray, starts: np.ndarray, sizes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Decode CompressInt arrays stored at `[starts, starts + sizes)` of `data`, in increasing order.
-
-    Args:
-        data: uint8 buffer (e.g. a whole memory-mapped shard).
-        starts: int64 [R] offset of each encoded array; sizes: int64 [R] its bytes.
-
-    Returns:
-        (values concatenated: uint16 [N] when all are ids below 65536, else int64 [N];
-        int64 [R] elements per row).
-
-    Raises:
-        ShardFormatError: an array's count, bitmap and size disagree.
-    """
-    starts, sizes = np.asarray(starts, dtype=np.int64), np.asarray(sizes, dtype=np.int64)
-    if not len(starts):
-        return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    count_bytes = data[starts[:, None] + np.arange(_COUNT)].astype(np.int64)
-    counts = (count_bytes[:, 0] << 24) | (count_bytes[:, 1] << 16) | (count_bytes[:, 2] << 8) | count_bytes[:, 3]
-    bitmap_sizes = (counts + _CODES_PER_BYTE - 1) // _CODES_PER_BYTE
-    value_sizes = sizes - _COUNT - bitmap_sizes
-    bad = np.flatnonzero((value_sizes < counts) | (value_sizes > 8 * counts))
-    if bad.size:
-        raise ShardFormatError(f"row {bad[0]}: CompressInt count {counts[bad[0]]} does not fit {sizes[bad[0]]} bytes")
-    first, last = int(starts[0]), int(starts[-1] + sizes[-1])
-    gaps = starts - np.concatenate([[first], (starts + sizes)[:-1]])
-    labels = _segment_labels(np.stack([gaps + _COUNT, bitmap_sizes, value_sizes], axis=1))
-    region = data[first:last]
-    bitmaps, packed = np.compress(labels == 1, region), np.compress(labels == 2, region)
-    padded = _BITMAP_CODES[bitmaps].view(np.uint8)
-    pads = bitmap_sizes * _CODES_PER_BYTE - counts
-    codes = padded[_segment_labels(np.stack([counts, pads], axis=1)) == 0]
-    return _unpack_values(packed, codes), counts
-
-
-def _unpack_values(packed: np.ndarray, codes: np.ndarray) -> np.ndarray:
-    """Values from their narrowed bytes: uint16 [N] when all are ids in [0, 65535], else int64 [N].
-
-    Raises:
-        ShardFormatError: the widths do not add up to the bytes.
-    """
-    if len(codes) and codes.max() <= 2:
-        # The writer's fast path backwards: drop the zero high bytes of int32 values, widen int8 values
-        # to two bytes, and keep the result if every value is a non-negative id below 65536.
-        wide, narrow = np.flatnonzero(codes == 2), np.flatnonzero(codes == 0)
-        high = 2 * (wide + 1) - np.searchsorted(narrow, wide) + 2 * np.arange(len(wide))
-        zero_bytes = np.stack([high, high + 1], axis=1).ravel()
-        if 2 * len(codes) - len(narrow) + 2 * len(wide) == len(packed) and not packed[zero_bytes].any():
-            two = np.delete(packed, zero_bytes)
-            words = np.insert(two, 2 * narrow - np.arange(len(narrow)) + 1, 0).view("<u2")
-            if not (words > _SIGNED_LIMITS[codes]).any():
-                return words
-    stride = 1 << int(codes.max()) if len(codes) else 1
-    keep = _byte_masks(codes, stride)
-    if int(keep.sum()) != len(packed):
-        raise ShardFormatError("CompressInt widths do not add up to the stored value bytes")
-    words = np.zeros(len(codes) * stride, dtype=np.uint8)
-    words[keep] = packed
-    values = words.view(f"<u{stride}").astype(np.int64)
-    # Narrow values were stored zero-extended in their word: sign-extend each from its own width.
-    sign = np.array([1 << (8 * (1 << c) - 1) if c < 3 else 0 for c in range(4)], dtype=np.int64)[codes]
-    return (values ^ sign) - sign
-
-
-def _le_u64(values: np.ndarray) -> np.ndarray:
-    return values.astype("<u8").view(np.uint8)
-
-
-def _be_u64(values: np.ndarray) -> np.ndarray:
-    return values.astype(">u8").view(np.uint8)
-
-
-def _byte_columns(rows: int, *parts: np.ndarray) -> np.ndarray:
-    """Fixed-size per-row byte fields side by side: uint8 [rows * total width] (each part [rows * width])."""
-    return np.concatenate([p.reshape(rows, -1) for p in parts], axis=1).ravel()
+def _put_u64(out: np.ndarray, starts: np.ndarray, values: np.ndarray, byte_order: str) -> None:
+    """Write `values[r]` as a u64 (`byte_order` "<" or ">") at `out[starts[r]:starts[r] + 8]`."""
+    out[starts[:, None] + np.arange(_LEN)] = values.astype(f"{byte_order}u8").view(np.uint8).reshape(-1, _LEN)
 
 
 def shard_paths(path: str, num_shards: int) -> list[str]:
@@ -542,26 +338,37 @@ class MindRecordWriter(RowShardWriter):
         self.num_documents += batch.num_documents
 
     def _encode(self, batch: DocumentBatch) -> tuple[np.ndarray, np.ndarray]:
-        """Every row framed for a blob page, `[u64 LE blob len][blob]`; adds up the compression saving."""
-        rows = batch.num_documents
+        """Every row framed for a blob page, `[u64 LE blob len][blob]`; adds up the compression saving.
+
+        Returns:
+            (uint8 [B] the framed rows back to back, int64 [R] bytes per framed row).
+        """
         token_counts = np.diff(batch.document_token_offsets())
         itemsize = 8 if self.array_type == "int64" else 4
-        count_part, *id_parts = compress_int_parts(batch.tokens, token_counts)
-        id_sizes = _COUNT + id_parts[0][1] + id_parts[1][1]
+        id_sizes = compress_int_sizes(batch.tokens, token_counts)
         if self.store_sequence_lengths:
-            length_count, *length_parts = compress_int_parts(batch.sequence_lengths, batch.document_sequence_counts)
-            length_sizes = _COUNT + length_parts[0][1] + length_parts[1][1]
+            length_sizes = compress_int_sizes(batch.sequence_lengths, batch.document_sequence_counts)
             blob_sizes = 2 * _LEN + id_sizes + length_sizes
-            plain = 2 * _LEN * rows + itemsize * len(batch.tokens) + 4 * len(batch.sequence_lengths)
-            head = _byte_columns(rows, _le_u64(blob_sizes), _be_u64(id_sizes), count_part[0])
-            middle = _byte_columns(rows, _be_u64(length_sizes), length_count[0])
-            segments = [(head, 2 * _LEN + _COUNT), *id_parts, (middle, _LEN + _COUNT), *length_parts]
+            plain = 2 * _LEN * batch.num_documents + itemsize * len(batch.tokens) + 4 * len(batch.sequence_lengths)
         else:
             blob_sizes = id_sizes
             plain = itemsize * len(batch.tokens)
-            segments = [(_byte_columns(rows, _le_u64(blob_sizes), count_part[0]), _LEN + _COUNT), *id_parts]
         self.compression_size += plain - int(blob_sizes.sum())
-        return interleave_rows([(flat, np.broadcast_to(sizes, (rows,))) for flat, sizes in segments])
+        frame_sizes = _LEN + blob_sizes
+        frame_starts = _exclusive_cumsum(frame_sizes)
+        framed = np.empty(int(frame_sizes.sum()), dtype=np.uint8)
+        _put_u64(framed, frame_starts, blob_sizes, "<")
+        if not self.store_sequence_lengths:
+            compress_int_into(batch.tokens, token_counts, framed, frame_starts + _LEN, id_sizes)
+            return framed, frame_sizes
+        # Several blob fields: each is [u64 BE field len][field bytes], in blob_fields order.
+        _put_u64(framed, frame_starts + _LEN, id_sizes, ">")
+        compress_int_into(batch.tokens, token_counts, framed, frame_starts + 2 * _LEN, id_sizes)
+        length_starts = frame_starts + 2 * _LEN + id_sizes
+        _put_u64(framed, length_starts, length_sizes, ">")
+        lengths, counts = batch.sequence_lengths, batch.document_sequence_counts
+        compress_int_into(lengths, counts, framed, length_starts + _LEN, length_sizes)
+        return framed, frame_sizes
 
     def _split(self, num_rows: int) -> list[tuple[int, int]]:
         """Consecutive row ranges of this batch for each shard."""
@@ -661,17 +468,19 @@ class _ShardView:
         elif len(index) and (position != blob_starts + blob_sizes).any():
             raise ShardFormatError(f"{path}: blob field lengths do not add up to the blob sizes in the .db")
         self.token_field = field_index
-        self.token_counts = self._big_endian(self.fields[field_index][0], _COUNT)
+        self.token_counts = self._big_endian(self.fields[field_index][0], COUNT_BYTES)
 
     def _big_endian(self, starts: np.ndarray, width: int) -> np.ndarray:
         raw = self.data[starts[:, None] + np.arange(width)].astype(np.int64)
         return (raw << (8 * np.arange(width - 1, -1, -1))).sum(axis=1)
 
-    def decode(self, first: int, last: int, field: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows `[first, last)` of blob field number `field`: (int64 values, int64 counts per row)."""
+    def decode(
+        self, first: int, last: int, field: int, dtype: np.dtype | type = np.int64
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Rows `[first, last)` of blob field number `field`: (`dtype` values, int64 counts per row)."""
         starts, sizes = self.fields[field]
         try:
-            return decompress_int_rows(self.data, starts[first:last], sizes[first:last])
+            return decompress_int_rows(self.data, starts[first:last], sizes[first:last], dtype)
         except ShardFormatError as error:
             raise ShardFormatError(f"{self.path}: {error}") from None
 
@@ -719,12 +528,10 @@ class MindRecordReader(RowDocumentsReader):
             raise ShardFormatError(f"{self.path}: the {LENGTHS_FIELD} field does not add up to the tokens")
 
     def read_rows(self, first: int, last: int) -> np.ndarray:
-        parts = [np.zeros(0, self.dtype)]
+        parts = []
         for shard, start in zip(self._shards, self._row_starts[:-1].tolist()):
             lo, hi = max(first - start, 0), min(last - start, len(shard.token_counts))
-            ends = np.cumsum(shard.token_counts[lo:hi])
-            while lo < hi:  # decode about ENCODE_CHUNK_TOKENS at a time: the temporaries stay in cache
-                stop = min(max(int(np.searchsorted(ends, ENCODE_CHUNK_TOKENS, "right")), 1), hi - lo)
-                parts.append(shard.decode(lo, lo + stop, shard.token_field)[0].astype(self.dtype))
-                lo, ends = lo + stop, ends[stop:] - ends[stop - 1]
-        return np.concatenate(parts)
+            if lo < hi:
+                parts.append(shard.decode(lo, hi, shard.token_field, self.dtype)[0])
+        # Rows of one shard (the common case) need no copy.
+        return parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, self.dtype), *parts])

@@ -14,7 +14,7 @@ import pytest
 
 from indexed_dataset import TokenmillError, TokenRangeError
 from indexed_dataset.arrow import ArrowReader, ArrowWriter
-from indexed_dataset.formats import ShardFormatError
+from indexed_dataset.errors import ShardFormatError
 
 NUM_DOCUMENTS = 1200
 

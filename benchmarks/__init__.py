@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that time our code next to its baseline (run as `python -m benchmarks.NAME`)."""
