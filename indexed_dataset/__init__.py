@@ -1,21 +1,31 @@
-"""On-disk token formats: Megatron's mmap `.bin/.idx` (reader, streaming writer, merge)."""
+"""On-disk token formats: Megatron's mmap `.bin/.idx` (reader, streaming writer, merge), Hugging Face
+Arrow shards and MindRecord (through `open_writer` / `open_reader`, loaded on first use), conversion."""
 
-from .errors import IndexFormatError, TokenmillError, TokenRangeError
+from .convert import convert
+from .errors import IndexFormatError, ShardFormatError, TokenmillError, TokenRangeError
 from .format import DType, data_file_path, index_file_path, optimal_dtype
+from .formats import FORMATS, format_of, open_reader, open_writer, read_documents
 from .merge import merge_datasets, prefixes_in_directory
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
 __all__ = [
+    "FORMATS",
     "DType",
     "IndexFormatError",
     "IndexedDataset",
     "IndexedDatasetWriter",
+    "ShardFormatError",
     "TokenRangeError",
     "TokenmillError",
+    "convert",
     "data_file_path",
+    "format_of",
     "index_file_path",
     "merge_datasets",
+    "open_reader",
+    "open_writer",
     "optimal_dtype",
     "prefixes_in_directory",
+    "read_documents",
 ]

@@ -359,7 +359,7 @@ def open_reader(path: str, fmt: str | None = None) -> Any:
 
         return ArrowReader(path)
     if fmt == "mindrecord":
-        from .mindrecord import MindRecordReader
+        from .mindrecord_reader import MindRecordReader
 
         return MindRecordReader(path)
     raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")

@@ -3,7 +3,7 @@
     with MindRecordWriter("out/corpus.mindrecord", np.uint16, num_shards=1) as writer:
         writer.add_documents(tokens, sequence_lengths, document_sequence_counts)
     # MindSpore: mindspore.dataset.MindDataset("out/corpus.mindrecord", columns_list=["input_ids"])
-    MindRecordReader("out/corpus.mindrecord")[0]
+    MindRecordReader("out/corpus.mindrecord")[0]      # indexed_dataset.mindrecord_reader
 
 Files: `name.mindrecord` with `num_shards=1`, else `name.mindrecord0` .. `name.mindrecord{N-1}`, each
 with a SQLite index `<file>.db`. Every header stores all shard basenames, so files must not be renamed.
@@ -31,23 +31,19 @@ from __future__ import annotations
 
 import json
 import logging
-import mmap
 import os
 import sqlite3
 import struct
-from collections.abc import Sequence
 
 import numpy as np
 
-from .compress_int import COUNT_BYTES, compress_int_into, compress_int_sizes, decompress_int_rows
-from .errors import ShardFormatError, TokenmillError
+from .compress_int import compress_int_into, compress_int_sizes
+from .errors import TokenmillError
 from .formats import (
     DocumentBatch,
-    RowDocumentsReader,
     RowShardWriter,
     check_document_batch,
     check_row_layout,
-    row_structure,
 )
 
 logger = logging.getLogger(__name__)
@@ -64,10 +60,10 @@ TOKENS_FIELD = "input_ids"
 LENGTHS_FIELD = "sequence_lengths"
 EMPTY_DOCUMENT_POLICIES = ("write", "reject")
 ENCODE_CHUNK_TOKENS = 2**20
-_U64 = struct.Struct("<Q")
-_LEN = 8  # every length prefix (row framing LE, field framing BE) is 8 bytes
+U64_LE = struct.Struct("<Q")
+LENGTH_PREFIX_BYTES = 8  # every length prefix (row framing LE, field framing BE) is 8 bytes
 # Rows of an all-blob schema get this raw part: [u64 LE 5] + msgpack {"id": 0}.
-DUMMY_RAW_ROW = _U64.pack(5) + b"\x81\xa2id\x00"
+DUMMY_RAW_ROW = U64_LE.pack(5) + b"\x81\xa2id\x00"
 INDEXES_SQL = (
     "CREATE TABLE INDEXES(  ROW_ID               INT  NOT NULL, PAGE_ID_RAW          INT  NOT NULL, "
     "PAGE_OFFSET_RAW      INT  NOT NULL, PAGE_OFFSET_RAW_END  INT  NOT NULL, ROW_GROUP_ID         INT  NOT NULL, "
@@ -75,7 +71,7 @@ INDEXES_SQL = (
     "PRIMARY KEY(ROW_ID))"
 )
 SHARD_NAME_SQL = "CREATE TABLE SHARD_NAME(NAME TEXT NOT NULL)"
-def _concat_int64(arrays: list[np.ndarray]) -> np.ndarray:
+def concat_int64(arrays: list[np.ndarray]) -> np.ndarray:
     return np.concatenate([np.zeros(0, np.int64), *arrays]).astype(np.int64, copy=False)
 
 
@@ -88,7 +84,7 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
 
 def _put_u64(out: np.ndarray, starts: np.ndarray, values: np.ndarray, byte_order: str) -> None:
     """Write `values[r]` as a u64 (`byte_order` "<" or ">") at `out[starts[r]:starts[r] + 8]`."""
-    out[starts[:, None] + np.arange(_LEN)] = values.astype(f"{byte_order}u8").view(np.uint8).reshape(-1, _LEN)
+    out[starts[:, None] + np.arange(LENGTH_PREFIX_BYTES)] = values.astype(f"{byte_order}u8").view(np.uint8).reshape(-1, LENGTH_PREFIX_BYTES)
 
 
 def shard_paths(path: str, num_shards: int) -> list[str]:
@@ -193,18 +189,18 @@ class _ShardFile:
         header.update(header_fields)
         header.update({"shard_id": shard_id, "statistics": None, "version": VERSION})
         encoded = json.dumps(header, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
-        if _LEN + len(encoded) > self.header_size:
+        if LENGTH_PREFIX_BYTES + len(encoded) > self.header_size:
             raise TokenmillError(
                 f"{self.final_path}: the {len(encoded)}-byte header does not fit header_size {self.header_size}"
             )
         self.file.seek(0)
-        self.file.write(_U64.pack(len(encoded)) + encoded)
+        self.file.write(U64_LE.pack(len(encoded)) + encoded)
         self.file.close()
         self._write_db(group_rows, group_page, group_offset)
 
     def _write_db(self, group_rows: np.ndarray, group_page: np.ndarray, group_offset: np.ndarray) -> None:
-        blob_page, blob_start = _concat_int64(self.row_pages), _concat_int64(self.row_offsets)
-        blob_end = blob_start + _concat_int64(self.row_sizes)
+        blob_page, blob_start = concat_int64(self.row_pages), concat_int64(self.row_offsets)
+        blob_end = blob_start + concat_int64(self.row_sizes)
         row_in_group = np.arange(self.num_rows) - np.repeat(_exclusive_cumsum(group_rows), group_rows)
         raw_start = group_offset[blob_page] + row_in_group * len(DUMMY_RAW_ROW)
         columns = (
@@ -348,26 +344,26 @@ class MindRecordWriter(RowShardWriter):
         id_sizes = compress_int_sizes(batch.tokens, token_counts)
         if self.store_sequence_lengths:
             length_sizes = compress_int_sizes(batch.sequence_lengths, batch.document_sequence_counts)
-            blob_sizes = 2 * _LEN + id_sizes + length_sizes
-            plain = 2 * _LEN * batch.num_documents + itemsize * len(batch.tokens) + 4 * len(batch.sequence_lengths)
+            blob_sizes = 2 * LENGTH_PREFIX_BYTES + id_sizes + length_sizes
+            plain = 2 * LENGTH_PREFIX_BYTES * batch.num_documents + itemsize * len(batch.tokens) + 4 * len(batch.sequence_lengths)
         else:
             blob_sizes = id_sizes
             plain = itemsize * len(batch.tokens)
         self.compression_size += plain - int(blob_sizes.sum())
-        frame_sizes = _LEN + blob_sizes
+        frame_sizes = LENGTH_PREFIX_BYTES + blob_sizes
         frame_starts = _exclusive_cumsum(frame_sizes)
         framed = np.empty(int(frame_sizes.sum()), dtype=np.uint8)
         _put_u64(framed, frame_starts, blob_sizes, "<")
         if not self.store_sequence_lengths:
-            compress_int_into(batch.tokens, token_counts, framed, frame_starts + _LEN, id_sizes)
+            compress_int_into(batch.tokens, token_counts, framed, frame_starts + LENGTH_PREFIX_BYTES, id_sizes)
             return framed, frame_sizes
         # Several blob fields: each is [u64 BE field len][field bytes], in blob_fields order.
-        _put_u64(framed, frame_starts + _LEN, id_sizes, ">")
-        compress_int_into(batch.tokens, token_counts, framed, frame_starts + 2 * _LEN, id_sizes)
-        length_starts = frame_starts + 2 * _LEN + id_sizes
+        _put_u64(framed, frame_starts + LENGTH_PREFIX_BYTES, id_sizes, ">")
+        compress_int_into(batch.tokens, token_counts, framed, frame_starts + 2 * LENGTH_PREFIX_BYTES, id_sizes)
+        length_starts = frame_starts + 2 * LENGTH_PREFIX_BYTES + id_sizes
         _put_u64(framed, length_starts, length_sizes, ">")
         lengths, counts = batch.sequence_lengths, batch.document_sequence_counts
-        compress_int_into(lengths, counts, framed, length_starts + _LEN, length_sizes)
+        compress_int_into(lengths, counts, framed, length_starts + LENGTH_PREFIX_BYTES, length_sizes)
         return framed, frame_sizes
 
     def _split(self, num_rows: int) -> list[tuple[int, int]]:
@@ -400,138 +396,3 @@ class MindRecordWriter(RowShardWriter):
     def _discard(self) -> None:
         for shard in self._shards:
             shard.discard()
-
-
-def read_header(path: str) -> dict:
-    """The JSON header of one MindRecord data file.
-
-    Raises:
-        ShardFormatError: the file is missing or its header is not MindRecord's.
-    """
-    try:
-        with open(path, "rb") as f:
-            prefix = f.read(_LEN)
-            if len(prefix) < _LEN:
-                raise ShardFormatError(f"{path}: truncated before the header length at offset 0")
-            (length,) = _U64.unpack(prefix)
-            if length > os.fstat(f.fileno()).st_size - _LEN:
-                raise ShardFormatError(f"{path}: header length {length} at offset 0 runs past the end of the file")
-            text = f.read(length)
-        header = json.loads(text)
-    except OSError as error:
-        raise ShardFormatError(f"{path}: cannot read ({error.strerror})") from None
-    except ValueError:
-        raise ShardFormatError(f"{path}: no MindRecord JSON header at offset 8") from None
-    required = ("header_size", "page_size", "schema", "shard_addresses", "version")
-    if not isinstance(header, dict) or any(key not in header for key in required):
-        raise ShardFormatError(f"{path}: the header lacks one of {', '.join(required)}")
-    if header["version"] not in ("2.0", VERSION):
-        raise ShardFormatError(f"{path}: unsupported MindRecord version {header['version']!r}")
-    return header
-
-
-class _ShardView:
-    """One data file being read: its memory map and the blob offset of every row."""
-
-    def __init__(self, path: str, header: dict, field_index: int, num_fields: int) -> None:
-        self.path = path
-        db_path = path + ".db"
-        if not os.path.isfile(db_path):
-            raise ShardFormatError(f"{db_path}: no such file (every MindRecord data file needs its .db)")
-        try:
-            with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
-                rows = db.execute(
-                    "SELECT PAGE_ID_BLOB, PAGE_OFFSET_BLOB, PAGE_OFFSET_BLOB_END FROM INDEXES ORDER BY ROW_ID"
-                ).fetchall()
-            db.close()
-        except sqlite3.Error as error:
-            raise ShardFormatError(f"{db_path}: not a MindRecord index ({error})") from None
-        index = np.array(rows, dtype=np.int64).reshape(-1, 3)
-        page_starts = header["header_size"] + index[:, 0] * header["page_size"]
-        with open(path, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
-        self.data = np.frombuffer(self._map, dtype=np.uint8)
-        if len(index) and int((page_starts + index[:, 2]).max()) > size:
-            raise ShardFormatError(f"{path}: the .db points past the end of the {size}-byte file")
-        blob_starts = page_starts + index[:, 1] + _LEN
-        blob_sizes = index[:, 2] - index[:, 1] - _LEN
-        # (start, size) of every blob field: the whole blob, or a walk over [u64 BE len][bytes] pieces
-        self.fields = []
-        position = blob_starts
-        for _ in range(num_fields if num_fields > 1 else 0):
-            sizes = self._big_endian(position, _LEN)
-            self.fields.append((position + _LEN, sizes))
-            position = position + _LEN + sizes
-        if num_fields == 1:
-            self.fields.append((blob_starts, blob_sizes))
-        elif len(index) and (position != blob_starts + blob_sizes).any():
-            raise ShardFormatError(f"{path}: blob field lengths do not add up to the blob sizes in the .db")
-        self.token_field = field_index
-        self.token_counts = self._big_endian(self.fields[field_index][0], COUNT_BYTES)
-
-    def _big_endian(self, starts: np.ndarray, width: int) -> np.ndarray:
-        raw = self.data[starts[:, None] + np.arange(width)].astype(np.int64)
-        return (raw << (8 * np.arange(width - 1, -1, -1))).sum(axis=1)
-
-    def decode(
-        self, first: int, last: int, field: int, dtype: np.dtype | type = np.int64
-    ) -> tuple[np.ndarray, np.ndarray]:
-        """Rows `[first, last)` of blob field number `field`: (`dtype` values, int64 counts per row)."""
-        starts, sizes = self.fields[field]
-        try:
-            return decompress_int_rows(self.data, starts[first:last], sizes[first:last], dtype)
-        except ShardFormatError as error:
-            raise ShardFormatError(f"{self.path}: {error}") from None
-
-
-class MindRecordReader(RowDocumentsReader):
-    """Reads a MindRecord token dataset (ours or MindSpore's): every shard, in shard order.
-
-    Args:
-        path: any one data file (`x.mindrecord` or `x.mindrecord3`); its siblings come from the header.
-
-    Raises:
-        ShardFormatError: a file is missing or damaged, or there is no integer-array `input_ids` field.
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = str(path)
-        first_header = read_header(self.path)
-        directory = os.path.dirname(os.path.abspath(self.path))
-        try:
-            schema = first_header["schema"][0]
-            blob_fields = list(schema["blob_fields"])
-            field_type = schema["schema"][TOKENS_FIELD]["type"]
-        except (LookupError, TypeError):
-            blob_fields, field_type = [], None
-        if TOKENS_FIELD not in blob_fields or field_type not in ("int32", "int64"):
-            raise ShardFormatError(f"{self.path}: no int32/int64 array field {TOKENS_FIELD!r} in the schema")
-        self.dtype = np.dtype(field_type)
-        self.paths = [os.path.join(directory, name) for name in first_header["shard_addresses"]]
-        self._shards = []
-        for shard_path in self.paths:
-            header = read_header(shard_path) if shard_path != os.path.abspath(self.path) else first_header
-            self._shards.append(_ShardView(shard_path, header, blob_fields.index(TOKENS_FIELD), len(blob_fields)))
-        self._row_starts = np.concatenate([[0], np.cumsum([len(s.token_counts) for s in self._shards])])
-        row_tokens = _concat_int64([s.token_counts for s in self._shards])
-        if LENGTHS_FIELD in blob_fields:
-            lengths_field = blob_fields.index(LENGTHS_FIELD)
-            decoded = [s.decode(0, len(s.token_counts), lengths_field) for s in self._shards]
-            lengths = _concat_int64([d[0] for d in decoded])
-            counts = _concat_int64([d[1] for d in decoded])
-            self.sequence_lengths, self.document_indices = row_structure(row_tokens, lengths, counts)
-        else:
-            self.sequence_lengths, self.document_indices = row_structure(row_tokens, None, None)
-        self._build_offsets()
-        if self.num_tokens != int(row_tokens.sum()):
-            raise ShardFormatError(f"{self.path}: the {LENGTHS_FIELD} field does not add up to the tokens")
-
-    def read_rows(self, first: int, last: int) -> np.ndarray:
-        parts = []
-        for shard, start in zip(self._shards, self._row_starts[:-1].tolist()):
-            lo, hi = max(first - start, 0), min(last - start, len(shard.token_counts))
-            if lo < hi:
-                parts.append(shard.decode(lo, hi, shard.token_field, self.dtype)[0])
-        # Rows of one shard (the common case) need no copy.
-        return parts[0] if len(parts) == 1 else np.concatenate([np.zeros(0, self.dtype), *parts])

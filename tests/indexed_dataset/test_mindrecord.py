@@ -10,13 +10,8 @@ import pytest
 
 from indexed_dataset import TokenmillError, TokenRangeError
 from indexed_dataset.errors import ShardFormatError
-from indexed_dataset.mindrecord import (
-    DEFAULT_HEADER_SIZE,
-    DEFAULT_PAGE_SIZE,
-    MindRecordReader,
-    MindRecordWriter,
-    read_header,
-)
+from indexed_dataset.mindrecord import DEFAULT_HEADER_SIZE, DEFAULT_PAGE_SIZE, MindRecordWriter
+from indexed_dataset.mindrecord_reader import MindRecordReader, read_header
 
 FIXTURES = Path(__file__).resolve().parents[2] / "data_test" / "mindrecord"
 FIXTURE_HEADER_SIZE = 64 * 2**10
