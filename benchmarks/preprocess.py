@@ -1,10 +1,14 @@
 """Whole-process speed and memory of `preprocess-data` against a bare gigatoken encode (the ceiling).
 
-    python benchmarks/preprocess.py bench_data/corpus_en_10m.jsonl bench_data/corpus_en.jsonl --runs 3
+    python -m benchmarks.preprocess bench_data/corpus_en_10m.jsonl bench_data/corpus_en.jsonl --runs 3
+    python -m benchmarks.preprocess bench_data/corpus_en_10m.jsonl --output-format mmap arrow mindrecord
+
+(Run it with -m from the repository root: run by path, this file would shadow the `preprocess` package.)
 
 For each corpus, alternately runs (each in a fresh process, `--runs` times):
   * ours:    python -m preprocess.cli --input CORPUS --tokenizer-type GPT2BPETokenizer ... --append-eod
-             (default workers, i.e. what a user gets without tuning);
+             (default workers, i.e. what a user gets without tuning; `--output-format` is passed on, so
+             the cost of writing several formats in the same pass shows against the same ceiling);
   * ceiling: a fresh Python that builds the same GPT-2 tokenizer and calls gigatoken's `encode_files` on
              the JSONL (its own unchecked JSON reader; no validation, no output file).
 Prints medians of wall time, MB/s, tokens/s, peak RSS of the whole process tree, our speed as a
@@ -16,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -81,11 +86,11 @@ def measure(command: list[str]) -> tuple[float, int, str]:
     return seconds, peak, out + err
 
 
-def bench_corpus(corpus: str, runs: int, workers: int | None, scratch: str) -> dict:
+def bench_corpus(corpus: str, runs: int, workers: int | None, output_formats: list[str], scratch: str) -> dict:
     vocab, merges = os.path.join(GPT2, "gpt2-vocab.json"), os.path.join(GPT2, "gpt2-merges.txt")
     ours = [sys.executable, "-m", "preprocess.cli", "--input", corpus, "--output-prefix",
-            os.path.join(scratch, "bench"), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab,
-            "--merge-file", merges, "--append-eod", "--log-interval", str(10**9)]
+            os.path.join(scratch, "run", "bench"), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", vocab,
+            "--merge-file", merges, "--append-eod", "--log-interval", str(10**9), "--output-format", *output_formats]
     if workers is not None:
         ours += ["--workers", str(workers)]
     ceiling = [sys.executable, "-c", CEILING, vocab, merges, corpus]
@@ -93,6 +98,9 @@ def bench_corpus(corpus: str, runs: int, workers: int | None, scratch: str) -> d
     tokens = {}
     for _ in range(runs):
         for name, command in (("ceiling", ceiling), ("ours", ours)):
+            # A fresh output directory per run: the Arrow and MindRecord writers refuse existing outputs.
+            shutil.rmtree(os.path.join(scratch, "run"), ignore_errors=True)
+            os.makedirs(os.path.join(scratch, "run"))
             seconds, peak, output = measure(command)
             results[name].append((seconds, peak))
             if name == "ceiling":
@@ -118,12 +126,13 @@ def main() -> None:
     parser.add_argument("corpora", nargs="+", help="JSONL corpora ({'text': ...} per line)")
     parser.add_argument("--runs", type=int, default=3, help="fresh-process runs of each command (median taken)")
     parser.add_argument("--workers", type=int, default=None, help="preprocess-data --workers (default: its default)")
+    parser.add_argument("--output-format", nargs="+", default=["mmap"], help="preprocess-data --output-format")
     args = parser.parse_args()
     print(f"cpus {os.cpu_count()}, load average before {os.getloadavg()}")
     peaks = []
     with tempfile.TemporaryDirectory() as scratch:
         for corpus in args.corpora:
-            summary = bench_corpus(corpus, args.runs, args.workers, scratch)
+            summary = bench_corpus(corpus, args.runs, args.workers, args.output_format, scratch)
             print(f"\n{corpus} ({summary['size_mb']:.1f} MB), medians of {args.runs} runs")
             for name in ("ours", "ceiling"):
                 row = summary[name]

@@ -1,4 +1,5 @@
-"""tokenmill preprocess room: corpora in, Megatron `.bin/.idx` token files out.
+"""tokenmill preprocess room: corpora in (JSON lines, Parquet, Arrow, `datasets`), Megatron `.bin/.idx`
+(and Arrow, MindRecord) token files out; `inspect-index` and `merge-datasets` around them.
 
     from preprocess import PreprocessConfig, preprocess_data
 """

@@ -1,7 +1,11 @@
-"""`preprocess-data`: Megatron's tools/preprocess_data.py, same flags, same output bytes.
+"""`preprocess-data`: Megatron's tools/preprocess_data.py, same flags, same output bytes, and more.
 
     preprocess-data --input corpus.jsonl --output-prefix out/corpus --tokenizer-type GPT2BPETokenizer \
         --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt --append-eod
+    preprocess-data --input a.jsonl 'shards/*.jsonl.gz' parquet_dir/ hf_saved/ --output-prefix out/c \
+        --output-format mmap arrow mindrecord --keep-fields id ... # several inputs, formats in one pass
+    srun -n 8 preprocess-data --input 'shards/*' --output-prefix out/c ...   # rank R writes out/c_partR-of-8_*
+    merge-datasets --input out --output-prefix out/c_text_document          # the single-process bytes
 """
 
 from __future__ import annotations
@@ -9,8 +13,12 @@ from __future__ import annotations
 import argparse
 import logging
 
+from indexed_dataset.arrow import DEFAULT_SHARD_SIZE
+from indexed_dataset.formats import FORMATS
+
 from .cli_common import run_command, setup_logging
 from .config import DATASET_IMPLS, DEFAULT_LANG, TOKEN_DTYPE_RULES, PreprocessConfig
+from .fanout import rank_from_environment
 from .inputs import DEFAULT_CHUNK_BYTES
 from .pipeline import preprocess_data
 from .tokenizers.config import dataclass_from_args
@@ -23,8 +31,15 @@ logger = logging.getLogger(__name__)
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
     data = parser.add_argument_group("input and output")
-    data.add_argument("--input", required=True,
-                      help="JSON-lines file (.jsonl/.json, optionally .gz), glob or directory")
+    source = data.add_mutually_exclusive_group(required=True)
+    source.add_argument("--input", nargs="+",
+                        help="files, globs and directories: .jsonl/.json (.gz/.zst), .parquet, .arrow, "
+                             "save_to_disk folders; read in sorted path order")
+    source.add_argument("--hf-dataset", metavar="NAME_OR_PATH",
+                        help="datasets.load_dataset(..., streaming=True) of a local builder "
+                             "(json, parquet, arrow, text, csv) or folder; never the Hub")
+    data.add_argument("--hf-split", default="train", help="split of --hf-dataset (default train)")
+    data.add_argument("--hf-data-files", nargs="+", default=[], help="data_files of --hf-dataset")
     data.add_argument("--output-prefix", required=True, help="outputs are PREFIX_{key}_document.bin/.idx")
     data.add_argument("--json-keys", nargs="+", default=["text"], help="keys to tokenize, one output each")
     data.add_argument("--append-eod", action="store_true", help="append the eod token to every non-empty document")
@@ -36,7 +51,25 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--token-dtype-rule", choices=TOKEN_DTYPE_RULES, default="megatron",
                       help="megatron: uint16 iff vocab < 65500 (byte-compatible); tight: uint16 iff vocab <= 65536")
     data.add_argument("--skip-invalid", action="store_true", help="skip and count invalid lines instead of failing")
+    formats = parser.add_argument_group("output formats")
+    formats.add_argument("--output-format", nargs="+", choices=FORMATS, default=["mmap"], dest="output_formats",
+                         help="written in one pass: mmap (PREFIX_{key}_{level}.bin/.idx), arrow "
+                              "(PREFIX_{key}_{level}_arrow/), mindrecord (PREFIX_{key}_{level}.mindrecord)")
+    formats.add_argument("--shard-size", type=int, default=DEFAULT_SHARD_SIZE,
+                         help=f"arrow: bytes per data-*.arrow shard (default {DEFAULT_SHARD_SIZE})")
+    formats.add_argument("--keep-fields", type=_comma_list, default=(), metavar="F1,F2",
+                         help="arrow: copy these scalar fields (number or string) of each document into its row")
+    formats.add_argument("--mindrecord-shards", type=int, default=1, help="mindrecord: data files per output")
+    formats.add_argument("--empty-documents", choices=("write", "reject"), default="write",
+                         help="mindrecord: write documents without tokens as empty rows, or fail")
     add_tokenizer_arguments(parser)
+    fanout = parser.add_argument_group("fan-out over processes (resumable)")
+    fanout.add_argument("--rank", type=int,
+                        help="this process's rank (default: $RANK, else srun's $SLURM_PROCID, else 0)")
+    fanout.add_argument("--world-size", type=int,
+                        help="processes sharing the input files (default: $WORLD_SIZE, else srun's "
+                             "$SLURM_STEP_NUM_TASKS, else 1)")
+    fanout.add_argument("--overwrite", action="store_true", help="redo parts already marked done")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--workers", type=int, default=1,
                          help="1: tokenize in this process on all cores (default); N: N worker processes")
@@ -49,9 +82,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _comma_list(text: str) -> tuple[str, ...]:
+    return tuple(part.strip() for part in text.split(",") if part.strip())
+
+
 def config_from_args(args: argparse.Namespace) -> PreprocessConfig:
-    return dataclass_from_args(PreprocessConfig, args, tokenizer=tokenizer_config_from_args(args),
-                               json_keys=tuple(args.json_keys))
+    rank, world_size = rank_from_environment()
+    return dataclass_from_args(
+        PreprocessConfig, args,
+        tokenizer=tokenizer_config_from_args(args),
+        input=tuple(args.input or ()),
+        json_keys=tuple(args.json_keys),
+        hf_data_files=tuple(args.hf_data_files),
+        output_formats=tuple(args.output_formats),
+        rank=rank if args.rank is None else args.rank,
+        world_size=world_size if args.world_size is None else args.world_size,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

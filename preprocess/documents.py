@@ -14,6 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import EncodeError, InputError
+from .columnar import RecordBatchChunk
 from .inputs import JsonLinesChunk
 from .jsonl import ParsedChunk, TextColumn
 from .sentences import SentenceSplitter
@@ -101,17 +102,22 @@ class EncodeSettings:
     lang: str | None = None
     """Split sentences in this language; None = no splitting."""
     keep_newlines: bool = False
+    fields: tuple[str, ...] = ()
+    """Scalar fields passed through to the row formats (Arrow)."""
 
 
 @dataclass
 class EncodedChunk:
-    """A chunk's documents, per key, ready for the writers."""
+    """A chunk's documents, per key, ready for the writers (`fields`: kept values, name -> [D])."""
 
     source: str
     num_bytes: int
     num_documents: int
     columns: dict[str, EncodedColumn]
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    fields: dict[str, pa.Array] = field(default_factory=dict)
+    first_line: int = 0
+    """Line (row, for columnar inputs) of the chunk's first document, for messages."""
 
 
 def _line_of_piece(parsed: ParsedChunk, column: TextColumn, piece: int) -> int:
@@ -121,13 +127,15 @@ def _line_of_piece(parsed: ParsedChunk, column: TextColumn, piece: int) -> int:
     return int(parsed.line_numbers[document])
 
 
-def encode_chunk(chunk: JsonLinesChunk, tokenizer: Tokenizer, settings: EncodeSettings) -> EncodedChunk:
+def encode_chunk(
+    chunk: JsonLinesChunk | RecordBatchChunk, tokenizer: Tokenizer, settings: EncodeSettings
+) -> EncodedChunk:
     """Parse, split (optionally) and tokenize one chunk (any chunk kind with a `parse` method).
 
     Raises:
         InputError: an invalid line (unless skipping) or a text the tokenizer rejects, as `file:line:`.
     """
-    parsed = chunk.parse(settings.keys, settings.skip_invalid)
+    parsed = chunk.parse(settings.keys, settings.skip_invalid, settings.fields)
     splitter = SentenceSplitter(settings.lang, settings.keep_newlines) if settings.lang else None
     columns = {}
     for key, column in parsed.columns.items():
@@ -137,6 +145,8 @@ def encode_chunk(chunk: JsonLinesChunk, tokenizer: Tokenizer, settings: EncodeSe
             ragged = tokenizer.encode_batch(column.pieces)
         except EncodeError as error:
             line = _line_of_piece(parsed, column, error.index)
-            raise InputError(f"{chunk.source}:{line}: key {key!r}: {error.reason}") from None
+            raise InputError(f"{chunk.location(line)}: key {key!r}: {error.reason}") from None
         columns[key] = assemble_documents(ragged.tokens, ragged.lengths, column.piece_counts, settings.eod)
-    return EncodedChunk(chunk.source, chunk.num_bytes, parsed.num_documents, columns, parsed.skipped)
+    first_line = int(parsed.line_numbers[0]) if parsed.num_documents else 0
+    return EncodedChunk(chunk.source, chunk.num_bytes, parsed.num_documents, columns, parsed.skipped,
+                        parsed.fields, first_line)

@@ -1,13 +1,18 @@
-"""Finding input files and cutting them into line-aligned chunks of raw bytes.
+"""Finding the input files and cutting them into chunks, in sorted path order.
 
-`--input` may be a file, a glob pattern or a directory (every `.jsonl`/`.json`, plain or `.gz`, in
-sorted order). Files are read in large blocks and cut at the last newline, so a chunk holds whole
-lines; the chunk records its file and first line number for error messages. Nothing is decoded here:
-parsing happens in the workers (see `jsonl.py`).
+`--input` takes any number of files, glob patterns and directories. Each is expanded (a directory
+to its supported files, a `save_to_disk` folder to its `data-*.arrow` files), the union is sorted by
+path (duplicates dropped), and documents keep that order. Supported files:
 
-A chunk is what travels to a worker: it is picklable and has `source`, `num_bytes`, `disk_offset`
-and `parse(keys, skip_invalid) -> ParsedChunk`. Other formats (Parquet row groups, Arrow record
-batches, zstd streams) slot in as further chunk kinds and readers with the same shape.
+    .jsonl / .json           JSON lines, plain, `.gz` or `.zst` (pyarrow's zstd codec: no `zstandard` needed)
+    .parquet                 read in record batches of the key (and kept-field) columns
+    .arrow                   Arrow IPC, file ("ARROW1" magic) or stream format (`save_to_disk` shards)
+
+JSON-lines files are read in large blocks cut at the last newline (`JsonLinesChunk`: raw bytes,
+parsed in the workers, see `jsonl.py`); columnar files in record batches (`columnar.py`). Every
+chunk kind is picklable and has `source`, `num_bytes`, `disk_offset`,
+`parse(keys, skip_invalid, fields) -> ParsedChunk` and `location(number)` (`file:line` or
+`file:row N`). Workers see chunks, never files, so their number does not depend on the number of files.
 """
 
 from __future__ import annotations
@@ -16,44 +21,91 @@ import glob
 import gzip
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+import pyarrow as pa
+
+from .columnar import arrow_file_chunks, parquet_chunks
 from .errors import InputError
 from .jsonl import ParsedChunk, parse_json_lines
 
 logger = logging.getLogger(__name__)
 
 JSON_SUFFIXES = (".jsonl", ".json")
-GZIP_SUFFIX = ".gz"
+COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
+PARQUET_SUFFIX = ".parquet"
+ARROW_SUFFIX = ".arrow"
+# A `Dataset.save_to_disk` folder holds this file; its data files are `data-*.arrow`.
+SAVED_DATASET_STATE = "state.json"
 # 1 MiB of JSON per task: large enough that per-chunk overheads vanish (~100 chunks per 100 MB), small
 # enough that the chunks in flight keep memory flat.
 DEFAULT_CHUNK_BYTES = 2**20
 _NEWLINE = b"\n"
 
 
-def is_json_lines_file(path: str) -> bool:
-    name = path[: -len(GZIP_SUFFIX)] if path.endswith(GZIP_SUFFIX) else path
-    return name.endswith(JSON_SUFFIXES)
+def _split_compression(path: str) -> tuple[str, str | None]:
+    """(the name without a compression suffix, the compression or None)."""
+    for suffix, compression in COMPRESSIONS.items():
+        if path.endswith(suffix):
+            return path[: -len(suffix)], compression
+    return path, None
 
 
-def resolve_input_files(spec: str) -> list[str]:
-    """The input files `spec` names: a file, a directory (its JSON-lines files) or a glob pattern.
+def input_kind(path: str) -> str | None:
+    """"jsonl", "parquet" or "arrow" for a supported input file name, else None."""
+    name, compression = _split_compression(path)
+    if name.endswith(JSON_SUFFIXES):
+        return "jsonl"
+    if compression is None and name.endswith(PARQUET_SUFFIX):
+        return "parquet"
+    if compression is None and name.endswith(ARROW_SUFFIX):
+        return "arrow"
+    return None
 
-    Raises:
-        InputError: nothing matches.
-    """
-    if os.path.isfile(spec):
+
+def _saved_dataset_files(directory: str) -> list[str]:
+    return sorted(glob.glob(os.path.join(glob.escape(directory), "data-*" + ARROW_SUFFIX)))
+
+
+def _directory_files(directory: str) -> list[str]:
+    if os.path.isfile(os.path.join(directory, SAVED_DATASET_STATE)):
+        paths = _saved_dataset_files(directory)
+        if not paths:
+            raise InputError(f"{directory}: saved dataset folder holds no data-*.arrow files")
+        return paths
+    paths = [os.path.join(directory, name) for name in os.listdir(directory)]
+    paths = [path for path in paths if not os.path.isdir(path) and input_kind(path)]
+    if not paths:
+        raise InputError(f"{directory}: directory holds no .jsonl/.json(.gz/.zst), .parquet or .arrow files")
+    return paths
+
+
+def _expand(spec: str) -> list[str]:
+    if os.path.exists(spec) and not os.path.isdir(spec):  # a file, or a named pipe
+        if input_kind(spec) is None:
+            raise InputError(f"{spec}: unsupported input; expected .jsonl/.json (.gz/.zst), .parquet or .arrow")
         return [spec]
     if os.path.isdir(spec):
-        paths = sorted(os.path.join(spec, name) for name in os.listdir(spec) if is_json_lines_file(name))
-        if not paths:
-            raise InputError(f"{spec}: directory holds no .jsonl/.json(.gz) files")
-        return paths
-    paths = sorted(path for path in glob.glob(spec) if os.path.isfile(path))
+        return _directory_files(spec)
+    matches = sorted(glob.glob(spec))
+    paths = [path for match in matches for path in
+             (_directory_files(match) if os.path.isdir(match) else [match] if input_kind(match) else [])]
     if not paths:
-        raise InputError(f"{spec}: no such file, directory or matching files")
+        raise InputError(f"{spec}: no such file, directory or matching input files")
     return paths
+
+
+def resolve_inputs(specs: str | Sequence[str]) -> list[str]:
+    """The input files named by `specs` (files, glob patterns, directories), sorted by path, each once.
+
+    Raises:
+        InputError: a spec matches nothing, or names an unsupported file.
+    """
+    specs = [specs] if isinstance(specs, str) else list(specs)
+    if not specs:
+        raise InputError("no input given")
+    return sorted({os.path.normpath(path) for spec in specs for path in _expand(spec)})
 
 
 @dataclass(frozen=True)
@@ -77,58 +129,97 @@ class JsonLinesChunk:
     def num_bytes(self) -> int:
         return len(self.data)
 
-    def parse(self, keys: tuple[str, ...], skip_invalid: bool = False) -> ParsedChunk:
+    def location(self, line: int) -> str:
+        """`file:line`, for messages."""
+        return f"{self.source}:{line}"
+
+    def parse(self, keys: tuple[str, ...], skip_invalid: bool = False, fields: tuple[str, ...] = ()) -> ParsedChunk:
         """The chunk's documents (see `parse_json_lines`)."""
-        return parse_json_lines(self, keys, skip_invalid)
+        return parse_json_lines(self, keys, skip_invalid, fields)
 
 
-class JsonLinesReader:
-    """Iterates the chunks of all input files in order.
+def zstd_available() -> bool:
+    """Whether pyarrow was built with the zstd codec (the wheels on PyPI are)."""
+    return pa.Codec.is_available("zstd")
+
+
+def _open_decompressed(path: str, raw, compression: str | None):
+    if compression == "gzip":
+        return gzip.GzipFile(fileobj=raw, mode="rb")
+    if compression == "zstd":
+        if not zstd_available():
+            raise InputError(f"{path}: this pyarrow build has no zstd codec; decompress the file first")
+        return pa.CompressedInputStream(raw, "zstd")
+    return raw
+
+
+class InputReader:
+    """Iterates the chunks of all input files in order (any supported kind).
 
     Args:
-        paths: input files, in order.
-        chunk_bytes: target chunk size (a chunk is larger only when one line is).
+        paths: input files, in order (see `resolve_inputs`).
+        chunk_bytes: target chunk size (a JSON chunk is larger only when one line is).
         skip_empty_files: log and skip an empty file instead of failing.
+        columns: the columns a columnar file must provide (keys and kept fields).
 
     Attributes:
         total_disk_bytes: summed on-disk size of the inputs.
         empty_files: empty files skipped so far.
 
     Raises:
-        InputError: (while iterating) an input is empty, unreadable, or not valid gzip.
+        InputError: (while iterating) an input is empty, unreadable, or not valid gzip/zstd/Parquet/Arrow.
     """
 
-    def __init__(self, paths: list[str], chunk_bytes: int = DEFAULT_CHUNK_BYTES, skip_empty_files: bool = False):
+    def __init__(
+        self,
+        paths: list[str],
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        skip_empty_files: bool = False,
+        columns: Sequence[str] = (),
+    ) -> None:
         self.paths = paths
         self.chunk_bytes = chunk_bytes
         self.skip_empty_files = skip_empty_files
+        self.columns = list(columns)
         self.total_disk_bytes = sum(os.path.getsize(path) for path in paths)
         self.empty_files: list[str] = []
 
     @property
     def total_bytes(self) -> int | None:
-        """Bytes the chunks will hold in all (None when a compressed input hides it)."""
-        return None if any(path.endswith(GZIP_SUFFIX) for path in self.paths) else self.total_disk_bytes
+        """Bytes the chunks will hold in all (None when a compressed or columnar input hides it)."""
+        plain = all(input_kind(path) == "jsonl" and _split_compression(path)[1] is None for path in self.paths)
+        return self.total_disk_bytes if plain else None
 
-    def __iter__(self) -> Iterator[JsonLinesChunk]:
+    def __iter__(self) -> Iterator:
         consumed_before = 0
         for path in self.paths:
-            yield from self._file_chunks(path, consumed_before)
+            kind = input_kind(path)
+            if kind == "jsonl":
+                chunks = self._json_chunks(path, consumed_before)
+            elif kind == "parquet":
+                chunks = parquet_chunks(path, self.columns, self.chunk_bytes, consumed_before)
+            else:
+                chunks = arrow_file_chunks(path, self.columns, self.chunk_bytes, consumed_before)
+            empty = True
+            for chunk in chunks:
+                empty = False
+                yield chunk
+            if empty:
+                self._empty(path)
             consumed_before += os.path.getsize(path)
 
-    def _file_chunks(self, path: str, consumed_before: int) -> Iterator[JsonLinesChunk]:
-        compressed = path.endswith(GZIP_SUFFIX)
+    def _json_chunks(self, path: str, consumed_before: int) -> Iterator[JsonLinesChunk]:
         try:
             raw = open(path, "rb")
         except OSError as error:
             raise InputError(f"{path}: cannot open: {error.strerror}") from None
-        with raw, (gzip.GzipFile(fileobj=raw, mode="rb") if compressed else raw) as f:
+        with raw, _open_decompressed(path, raw, _split_compression(path)[1]) as f:
             line = 1
             carry = b""
             while True:
                 try:
                     block = f.read(self.chunk_bytes)
-                except (OSError, EOFError, gzip.BadGzipFile) as error:
+                except (OSError, EOFError, gzip.BadGzipFile, pa.ArrowException) as error:
                     raise InputError(f"{path}: cannot read: {error}") from None
                 if not block:
                     break
@@ -142,8 +233,6 @@ class JsonLinesReader:
                 line += data.count(_NEWLINE, 0, cut)
             if carry:
                 yield JsonLinesChunk(path, line, carry, consumed_before + raw.tell())
-            elif line == 1:
-                self._empty(path)
 
     def _empty(self, path: str) -> None:
         if not self.skip_empty_files:

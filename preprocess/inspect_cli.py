@@ -4,6 +4,11 @@
     inspect-index out/corpus_text_document --validate      # exit 1 on any inconsistency
     inspect-index out/corpus_text_document --show 3 --tokenizer-type GPT2BPETokenizer \
         --vocab-file gpt2-vocab.json --merge-file gpt2-merges.txt
+    inspect-index out/corpus_text_document --seq-length 2048 --split 949,50,1 --seed 1234 \
+        --train-samples 100000 --samples 0,1,-1 [tokenizer flags]   # what training will see
+
+The training view (`--seq-length`) is described in `training_view.py`: the index cache defaults to
+`index-cache/` beside the data, the one training uses.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from dataclasses import dataclass
 from .cli_common import run_command
 from .inspect import DatasetReport, decode_documents, inspect_dataset, validate_dataset
 from .tokenizers import TokenizerConfig, build_tokenizer
+from .training_view import DEFAULT_SEED, DEFAULT_SPLIT, TrainingViewConfig, format_training_view, training_view
 from .tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
 
 PROG = "inspect-index"
@@ -34,6 +40,8 @@ class InspectConfig:
     """Tokenizer for decoding (and the vocab-size check of --validate)."""
     as_json: bool = False
     """Print JSON instead of text."""
+    training: TrainingViewConfig | None = None
+    """Also show what training with this sampling configuration sees."""
 
     def __post_init__(self) -> None:
         if self.documents and self.tokenizer is None:
@@ -44,7 +52,7 @@ def _parse_indices(text: str) -> list[int]:
     try:
         return [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated document numbers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,8 +62,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N documents")
     parser.add_argument("--docs", type=_parse_indices, default=[], metavar="I,J,...", help="decode these documents")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
+    training = parser.add_argument_group("training view (what a GPT run sees; needs --seq-length)")
+    training.add_argument("--seq-length", type=int, help="tokens per sample")
+    training.add_argument("--split", default=DEFAULT_SPLIT, help=f"split weights (default {DEFAULT_SPLIT})")
+    training.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"shuffle seed (default {DEFAULT_SEED})")
+    sizes = training.add_mutually_exclusive_group()
+    sizes.add_argument("--num-samples", type=int, nargs=3, metavar=("TRAIN", "VALID", "TEST"),
+                       help="samples per split (default: one epoch each)")
+    for name in ("train", "valid", "test"):
+        sizes.add_argument(f"--{name}-samples", type=int, help=f"samples of the {name} split (default: one epoch)")
+    training.add_argument("--samples", type=_parse_indices, default=[0], metavar="I,J,...",
+                          help="samples to show per split, negative from the end (default 0)")
+    training.add_argument("--data-cache-path", help="index cache directory (default: index-cache/ beside the data)")
     add_tokenizer_arguments(parser, required=False)
     return parser
+
+
+def _training_config(args: argparse.Namespace) -> TrainingViewConfig | None:
+    if args.seq_length is None:
+        return None
+    sizes = args.num_samples or [args.train_samples, args.valid_samples, args.test_samples]
+    return TrainingViewConfig(sequence_length=args.seq_length, split=args.split, seed=args.seed, sizes=tuple(sizes),
+                              sample_ids=tuple(args.samples), path_to_cache=args.data_cache_path)
 
 
 def _format(report: DatasetReport) -> str:
@@ -82,11 +110,15 @@ def run_inspect(config: InspectConfig) -> int:
     if config.validate:
         validate_dataset(config.path, tokenizer)
     decoded = decode_documents(config.path, tokenizer, list(config.documents)) if config.documents else {}
+    view = training_view(report.prefix, config.training, tokenizer) if config.training is not None else None
     if config.as_json:
         output = report.as_dict()
         if config.validate:
             output["valid"] = True
         output["decoded"] = {str(index): text for index, text in decoded.items()}
+        if view is not None:
+            output["training"] = {"sequence_length": config.training.sequence_length, "split": config.training.split,
+                                  "seed": config.training.seed, "splits": view}
         print(json.dumps(output, indent=2, ensure_ascii=False))
     else:
         print(_format(report))
@@ -94,6 +126,8 @@ def run_inspect(config: InspectConfig) -> int:
             print("valid           yes")
         for index, text in decoded.items():
             print(f"--- document {index} ---\n{text}")
+        if view is not None:
+            print(format_training_view(view, config.training))
     return 0
 
 
@@ -104,7 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         shown = list(range(args.show)) + [index for index in args.docs if index >= args.show]
         config = InspectConfig(path=args.path, validate=args.validate, documents=tuple(shown),
-                               tokenizer=tokenizer_config_from_args(args), as_json=args.as_json)
+                               tokenizer=tokenizer_config_from_args(args), as_json=args.as_json,
+                               training=_training_config(args))
         return run_inspect(config)
 
     return run_command(PROG, command)

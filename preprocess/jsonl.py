@@ -29,6 +29,7 @@ _JSON_TYPE_NAMES = {dict: "an object", list: "an array", str: "a string", int: "
                     bool: "a boolean", type(None): "null"}
 # A byte-order mark some Windows tools put at the start of a file; accepted there only.
 UTF8_BOM = b"\xef\xbb\xbf"
+_INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 # How many skipped line numbers a summary quotes.
 SKIPPED_LINES_QUOTED = 5
 
@@ -52,38 +53,73 @@ class ParsedChunk:
 
     Attributes:
         source: the input file.
-        line_numbers: int64 [D], 1-based line of each document.
+        line_numbers: int64 [D], 1-based line (0-based row for columnar inputs) of each document.
         columns: one TextColumn per JSON key.
         skipped: (line, reason) of the invalid lines skipped (only when skipping is on).
+        fields: kept scalar fields, name -> [D] values (int64, double or string; see `field_array`).
     """
 
     source: str
     line_numbers: np.ndarray
     columns: dict[str, TextColumn]
     skipped: list[tuple[int, str]] = field(default_factory=list)
+    fields: dict[str, pa.Array] = field(default_factory=dict)
 
     @property
     def num_documents(self) -> int:
         return len(self.line_numbers)
 
 
+def field_array(values: pa.Array, name: str) -> pa.Array:
+    """A kept field's values as int64, double or string (the types the Arrow writer stores).
+
+    Raises:
+        ValueError: the values are not all numbers or all strings (booleans, objects, arrays...).
+    """
+    kind = values.type
+    if pa.types.is_integer(kind):
+        return values.cast(pa.int64())
+    if pa.types.is_floating(kind):
+        return values.cast(pa.float64())
+    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
+        return values.cast(pa.string())
+    if pa.types.is_null(kind):
+        return values
+    raise ValueError(f"field {name!r} holds {kind} values, expected numbers or strings")
+
+
 def _count_lines(data: bytes) -> int:
     return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
 
 
-def _parse_fast(data: bytes, keys: tuple[str, ...]) -> dict[str, pa.LargeStringArray] | None:
-    """Columns of a chunk whose every line is an object with a string under each key, else None."""
+def _parse_fast(
+    data: bytes, keys: tuple[str, ...], fields: tuple[str, ...]
+) -> tuple[dict[str, pa.LargeStringArray], dict[str, pa.Array]] | None:
+    """(text columns, kept fields) of a chunk whose every line is an object with a string under each
+    key and a number or string under each field, else None."""
     schema = pa.schema([(key, pa.large_string()) for key in keys])
     try:
         table = pa_json.read_json(
             pa.BufferReader(data),
             read_options=pa_json.ReadOptions(use_threads=False, block_size=max(len(data) + 1, _MIN_BLOCK_BYTES)),
-            parse_options=pa_json.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"),
+            # Kept fields have no fixed type: let Arrow infer the rest (only when fields are kept).
+            parse_options=pa_json.ParseOptions(explicit_schema=schema,
+                                               unexpected_field_behavior="infer" if fields else "ignore"),
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
     if table.num_rows != _count_lines(data):
         return None
+    kept = {}
+    for name in fields:
+        if name not in table.column_names or table.column(name).null_count:
+            return None
+        try:
+            kept[name] = field_array(table.column(name).combine_chunks(), name)
+        except ValueError:
+            return None
+        if pa.types.is_null(kept[name].type):
+            return None
     columns = {}
     for key in keys:
         chunked = table.column(key)
@@ -96,11 +132,14 @@ def _parse_fast(data: bytes, keys: tuple[str, ...]) -> dict[str, pa.LargeStringA
         except pa.ArrowInvalid:
             return None
         columns[key] = column
-    return columns
+    return columns, kept
 
 
-def _document_pieces(line: bytes, keys: tuple[str, ...]) -> list[list[str]]:
-    """Each key's pieces in one line.
+def _document_pieces(
+    line: bytes, keys: tuple[str, ...], fields: tuple[str, ...], field_is_text: dict[str, bool]
+) -> tuple[list[list[str]], list]:
+    """Each key's pieces in one line, and each kept field's value (a string where `field_is_text`
+    says earlier lines held one, else a number).
 
     Raises:
         ValueError: the line is invalid; the message says why.
@@ -135,10 +174,26 @@ def _document_pieces(line: bytes, keys: tuple[str, ...]) -> list[list[str]]:
             except UnicodeEncodeError:
                 raise ValueError(f"key {key!r} holds an invalid \\u escape (lone surrogate)") from None
         pieces.append(value)
-    return pieces
+    values = []
+    for name in fields:
+        if name not in document:
+            raise ValueError(f"missing field {name!r}")
+        value = document[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+            raise ValueError(f"field {name!r} holds {_JSON_TYPE_NAMES.get(type(value), 'a value')}, "
+                             "expected a number or a string")
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            raise ValueError(f"field {name!r} holds {value}, which does not fit int64")
+        if name in field_is_text and isinstance(value, str) != field_is_text[name]:
+            raise ValueError(f"field {name!r} holds {_JSON_TYPE_NAMES[type(value)]}, earlier lines held "
+                             f"{'a string' if field_is_text[name] else 'a number'}")
+        values.append(value)
+    return pieces, values
 
 
-def _parse_exact(chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: bool) -> ParsedChunk:
+def _parse_exact(
+    chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: bool, fields: tuple[str, ...]
+) -> ParsedChunk:
     lines = chunk.data.split(b"\n")
     if chunk.data.endswith(b"\n"):
         lines.pop()
@@ -146,10 +201,12 @@ def _parse_exact(chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: boo
         lines[0] = lines[0][len(UTF8_BOM) :]
     line_numbers, skipped = [], []
     per_key: list[list[list[str]]] = [[] for _ in keys]
+    per_field: list[list] = [[] for _ in fields]
+    field_is_text: dict[str, bool] = {}  # whether each field held a string on the first valid line
     for offset, line in enumerate(lines):
         number = chunk.first_line + offset
         try:
-            pieces = _document_pieces(line, keys)
+            pieces, values = _document_pieces(line, keys, fields, field_is_text)
         except ValueError as error:
             if not skip_invalid:
                 raise InputError(f"{chunk.source}:{number}: {error}") from None
@@ -158,6 +215,9 @@ def _parse_exact(chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: boo
         line_numbers.append(number)
         for column, value in zip(per_key, pieces):
             column.append(value)
+        for name, column, value in zip(fields, per_field, values):
+            column.append(value)
+            field_is_text.setdefault(name, isinstance(value, str))
     columns = {
         key: TextColumn(
             pa.array([piece for document in documents for piece in document], type=pa.large_string()),
@@ -165,23 +225,31 @@ def _parse_exact(chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: boo
         )
         for key, documents in zip(keys, per_key)
     }
-    return ParsedChunk(chunk.source, np.array(line_numbers, dtype=np.int64), columns, skipped)
+    # Each field holds only numbers or only strings (checked above): Arrow infers int64, double or string.
+    kept = {name: field_array(pa.array(values), name) for name, values in zip(fields, per_field)}
+    return ParsedChunk(chunk.source, np.array(line_numbers, dtype=np.int64), columns, skipped, kept)
 
 
-def parse_json_lines(chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: bool = False) -> ParsedChunk:
+def parse_json_lines(
+    chunk: JsonLinesChunk, keys: tuple[str, ...], skip_invalid: bool = False, fields: tuple[str, ...] = ()
+) -> ParsedChunk:
     """The documents of a chunk of JSON lines.
 
     Args:
         chunk: whole lines of one file.
         keys: the JSON keys to extract; each must hold a string or a list of strings.
         skip_invalid: skip invalid lines (recorded in `skipped`) instead of failing.
+        fields: scalar keys passed through; each must hold a number or a string (a missing one is
+            an invalid line, as a missing key).
 
     Raises:
         InputError: `file:line: reason` for the first invalid line, unless skipping.
     """
-    columns = _parse_fast(chunk.data, keys)
-    if columns is None:
-        return _parse_exact(chunk, keys, skip_invalid)
+    fast = _parse_fast(chunk.data, keys, fields)
+    if fast is None:
+        return _parse_exact(chunk, keys, skip_invalid, fields)
+    columns, kept = fast
     count = next(iter(columns.values())).__len__()
     line_numbers = np.arange(chunk.first_line, chunk.first_line + count, dtype=np.int64)
-    return ParsedChunk(chunk.source, line_numbers, {key: TextColumn(column) for key, column in columns.items()})
+    return ParsedChunk(chunk.source, line_numbers, {key: TextColumn(column) for key, column in columns.items()},
+                       fields=kept)

@@ -1,4 +1,4 @@
-"""`preprocess_data`: JSON lines to Megatron `.bin/.idx`, streaming, in input order.
+"""`preprocess_data`: documents to Megatron `.bin/.idx` (and Arrow, MindRecord), streaming, in input order.
 
     from preprocess import PreprocessConfig, preprocess_data
     from preprocess.tokenizers import TokenizerConfig
@@ -8,10 +8,12 @@
                                   merge_file="gpt2-merges.txt")))
     # -> out/corpus_text_document.bin/.idx, byte-identical to Megatron's tools/preprocess_data.py
 
-The main process reads line-aligned chunks, workers parse and tokenize them (see `workers.py`), and
-the main process appends each chunk's documents with one vectorised `add_documents` call per key.
+The main process reads chunks (line-aligned JSON, or record batches of columnar files: see
+`inputs.py`), workers parse and tokenize them (see `workers.py`), and the main process appends each
+chunk's documents with one vectorised `add_documents` call per key and output format (`outputs.py`).
 Documents keep their input order whatever the number of workers or partitions. Any error aborts
-every writer, so a failed or interrupted run leaves no output that looks complete.
+every writer, so a failed or interrupted run leaves no output that looks complete. With
+`world_size > 1` this process makes only its part of the job (see `fanout.py`).
 """
 
 from __future__ import annotations
@@ -19,19 +21,20 @@ from __future__ import annotations
 import collections
 import logging
 import os
-import shutil
-import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from indexed_dataset import IndexedDatasetWriter, TokenmillError, merge_datasets, optimal_dtype
+from indexed_dataset import TokenmillError, optimal_dtype
 
+from .columnar import hf_dataset_chunks
 from .config import PreprocessConfig
-from .documents import EncodedChunk, EncodeSettings
-from .inputs import JsonLinesChunk, JsonLinesReader, resolve_input_files
+from .documents import EncodeSettings
+from .fanout import clear_part, mark_done, part_fingerprint, part_is_done, rank_files
+from .inputs import InputReader, resolve_inputs
 from .jsonl import SKIPPED_LINES_QUOTED
+from .outputs import Outputs
 from .progress import Progress
 from .tokenizers import build_tokenizer
 from .workers import chunk_encoder
@@ -44,7 +47,8 @@ class PreprocessSummary:
     """What a run wrote.
 
     Attributes:
-        output_prefixes: output dataset prefix per JSON key.
+        output_prefixes: mmap output dataset prefix per JSON key.
+        output_paths: per JSON key, format -> output path.
         dtype: token dtype of the outputs.
         documents: input documents (lines) written, per key.
         tokens: tokens written, all keys together.
@@ -54,9 +58,12 @@ class PreprocessSummary:
         skipped: (file, line, reason) of the first skipped invalid lines (skip_invalid only).
         skipped_lines: how many lines were skipped.
         skipped_files: empty files skipped.
+        input_files: the files this process read (its block of them when fanned out).
+        already_done: the part was marked done by an earlier run of the same command; nothing was redone.
     """
 
     output_prefixes: dict[str, str]
+    output_paths: dict[str, dict[str, str]]
     dtype: np.dtype
     documents: int
     tokens: int
@@ -66,70 +73,21 @@ class PreprocessSummary:
     skipped: list[tuple[str, int, str]]
     skipped_lines: int
     skipped_files: list[str]
+    input_files: list[str]
+    already_done: bool = False
 
     def describe(self) -> str:
         """One line for the log."""
+        if self.already_done:
+            return f"Already done (marker found): {', '.join(self.output_prefixes.values())}; nothing redone"
+        outputs = ", ".join(path for paths in self.output_paths.values() for path in paths.values())
         line = (f"Done: {self.documents} documents, {self.tokens} tokens, {self.num_bytes} bytes in "
                 f"{self.seconds:.2f} s ({self.num_bytes / 2**20 / max(self.seconds, 1e-9):.1f} MB/s), "
-                f"{self.empty_documents} empty documents, dtype {self.dtype.name} -> "
-                f"{', '.join(self.output_prefixes.values())}")
+                f"{self.empty_documents} empty documents, dtype {self.dtype.name} -> {outputs}")
         if self.skipped_lines or self.skipped_files:
             where = ", ".join(f"{source}:{number}" for source, number, _ in self.skipped)
             line += f"; skipped {self.skipped_lines} invalid lines ({where}) and {len(self.skipped_files)} empty files"
         return line
-
-
-class _Outputs:
-    """One writer per key; with several partitions, one partial dataset per partition, merged at the end."""
-
-    def __init__(self, config: PreprocessConfig, dtype: np.dtype) -> None:
-        self.config = config
-        self.dtype = dtype
-        self.partition = -1
-        self.writers: dict[str, IndexedDatasetWriter] = {}
-        self.partials: dict[str, list[str]] = {key: [] for key in config.json_keys}
-        self.scratch = None
-        if config.partitions > 1:
-            directory = os.path.dirname(os.path.abspath(config.output_prefix))
-            self.scratch = tempfile.mkdtemp(prefix=".tokenmill-partitions-", dir=directory)
-
-    def write(self, partition: int, chunk: EncodedChunk) -> None:
-        if partition != self.partition:
-            self._open(partition)
-        for key, column in chunk.columns.items():
-            self.writers[key].add_documents(column.tokens, column.sequence_lengths, column.document_sequence_counts)
-
-    def _open(self, partition: int) -> None:
-        self._finalize_writers()
-        self.partition = partition
-        for key in self.config.json_keys:
-            final = self.config.output_prefix_of(key)
-            prefix = final if self.scratch is None else os.path.join(self.scratch, f"{partition:05d}_{key}")
-            self.partials[key].append(prefix)
-            self.writers[key] = IndexedDatasetWriter(prefix, self.dtype)
-
-    def _finalize_writers(self) -> None:
-        while self.writers:
-            self.writers.popitem()[1].finalize()
-
-    def finish(self) -> None:
-        if self.partition < 0:  # no documents at all: still write (empty) outputs
-            self._open(0)
-        self._finalize_writers()
-        if self.scratch is not None:
-            for key, prefixes in self.partials.items():
-                merge_datasets(prefixes, self.config.output_prefix_of(key))
-            self._remove_scratch()
-
-    def abort(self) -> None:
-        while self.writers:
-            self.writers.popitem()[1].abort()
-        self._remove_scratch()
-
-    def _remove_scratch(self) -> None:
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
 
 
 def _partition_of(start: int, partitions: int, total_bytes: int) -> int:
@@ -137,7 +95,7 @@ def _partition_of(start: int, partitions: int, total_bytes: int) -> int:
     return min(partitions - 1, start * partitions // max(total_bytes, 1))
 
 
-def _recording_starts(reader: JsonLinesReader, starts: collections.deque) -> Iterator[JsonLinesChunk]:
+def _recording_starts(reader: Iterable, starts: collections.deque) -> Iterator:
     """The reader's chunks, recording in `starts` the on-disk offset where each began."""
     start = 0
     for chunk in reader:
@@ -147,7 +105,7 @@ def _recording_starts(reader: JsonLinesReader, starts: collections.deque) -> Ite
 
 
 def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = None) -> PreprocessSummary:
-    """Tokenize JSON lines into one Megatron `.bin/.idx` pair per key.
+    """Tokenize documents into one dataset per JSON key and output format.
 
     Args:
         config: the run.
@@ -155,11 +113,39 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
 
     Raises:
         TokenmillError: bad input (`file:line: reason`), a tokenizer that cannot be built, a token id
-            that does not fit the dtype, or a dead worker. No output is left behind.
+            that does not fit the dtype, a dead worker, or (fanned out) a part marked done by another
+            command. No output is left behind.
     """
     output_directory = os.path.dirname(os.path.abspath(config.output_prefix))
     if not os.path.isdir(output_directory):
         raise TokenmillError(f"{output_directory}: output directory does not exist")
+    paths = resolve_inputs(config.input) if config.input else []
+    if config.world_size > 1:
+        paths = rank_files(paths, config.rank, config.world_size)
+        fingerprint = part_fingerprint(config, paths)
+        if part_is_done(config, fingerprint):
+            return _already_done(config, paths)
+        clear_part(config)
+        logger.info("rank %d of %d: %d input files -> %s", config.rank, config.world_size, len(paths),
+                    config.part_prefix)
+    summary = _run(config, paths, use_progress_bar)
+    if config.world_size > 1:
+        mark_done(config, fingerprint)
+    return summary
+
+
+def _already_done(config: PreprocessConfig, paths: list[str]) -> PreprocessSummary:
+    tokenizer = build_tokenizer(config.tokenizer)
+    return PreprocessSummary(
+        output_prefixes={key: config.output_prefix_of(key) for key in config.json_keys},
+        output_paths={key: config.output_paths_of(key) for key in config.json_keys},
+        dtype=optimal_dtype(tokenizer.vocab_size, config.token_dtype_rule),
+        documents=0, tokens=0, num_bytes=0, seconds=0.0, empty_documents=0, skipped=[], skipped_lines=0,
+        skipped_files=[], input_files=paths, already_done=True,
+    )
+
+
+def _run(config: PreprocessConfig, paths: list[str], use_progress_bar: bool | None) -> PreprocessSummary:
     tokenizer = build_tokenizer(config.tokenizer)
     settings = EncodeSettings(
         keys=tuple(config.json_keys),
@@ -167,31 +153,40 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
         skip_invalid=config.skip_invalid,
         lang=config.lang if config.split_sentences else None,
         keep_newlines=config.keep_newlines,
+        fields=tuple(config.keep_fields),
     )
     dtype = optimal_dtype(tokenizer.vocab_size, config.token_dtype_rule)
-    reader = JsonLinesReader(resolve_input_files(config.input), config.chunk_bytes, config.skip_invalid)
-    progress = Progress(config.log_interval, reader.total_bytes, use_progress_bar)
-    outputs = _Outputs(config, dtype)
+    columns = [*config.json_keys, *config.keep_fields]
+    if config.hf_dataset is not None:
+        reader = hf_dataset_chunks(config.hf_dataset, config.hf_split, config.hf_data_files, columns,
+                                   config.chunk_bytes)
+        total_bytes, total_disk_bytes, empty_files = None, 0, []
+    else:
+        reader = InputReader(paths, config.chunk_bytes, config.skip_invalid, columns)
+        total_bytes, total_disk_bytes, empty_files = reader.total_bytes, reader.total_disk_bytes, reader.empty_files
+    progress = Progress(config.log_interval, total_bytes, use_progress_bar)
     skipped: list[tuple[str, int, str]] = []
     try:
-        with chunk_encoder(config.workers, tokenizer, config.tokenizer, settings) as encode_all:
-            starts: collections.deque[int] = collections.deque()
-            for encoded in encode_all(_recording_starts(reader, starts)):
-                outputs.write(_partition_of(starts.popleft(), config.partitions, reader.total_disk_bytes), encoded)
-                quoted = [(encoded.source, number, reason) for number, reason in encoded.skipped]
-                skipped += quoted[: SKIPPED_LINES_QUOTED - len(skipped)]
-                columns = encoded.columns.values()
-                progress.update(
-                    documents=encoded.num_documents,
-                    tokens=sum(len(column.tokens) for column in columns),
-                    num_bytes=encoded.num_bytes,
-                    empty_documents=sum(column.num_empty_documents for column in columns),
-                    skipped_lines=len(encoded.skipped),
-                )
-        outputs.finish()
-    except BaseException:
-        outputs.abort()
-        raise
+        outputs = Outputs(config, dtype)
+        try:
+            with chunk_encoder(config.workers, tokenizer, config.tokenizer, settings) as encode_all:
+                starts: collections.deque[int] = collections.deque()
+                for encoded in encode_all(_recording_starts(reader, starts)):
+                    outputs.write(_partition_of(starts.popleft(), config.partitions, total_disk_bytes), encoded)
+                    quoted = [(encoded.source, number, reason) for number, reason in encoded.skipped]
+                    skipped += quoted[: SKIPPED_LINES_QUOTED - len(skipped)]
+                    encoded_columns = encoded.columns.values()
+                    progress.update(
+                        documents=encoded.num_documents,
+                        tokens=sum(len(column.tokens) for column in encoded_columns),
+                        num_bytes=encoded.num_bytes,
+                        empty_documents=sum(column.num_empty_documents for column in encoded_columns),
+                        skipped_lines=len(encoded.skipped),
+                    )
+            outputs.finish()
+        except BaseException:
+            outputs.abort()
+            raise
     finally:
         progress.close()
     counts = progress.counts
@@ -199,6 +194,7 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
         logger.warning("%s:%d: skipped: %s", source, number, reason)
     return PreprocessSummary(
         output_prefixes={key: config.output_prefix_of(key) for key in config.json_keys},
+        output_paths={key: config.output_paths_of(key) for key in config.json_keys},
         dtype=dtype,
         documents=counts.documents,
         tokens=counts.tokens,
@@ -207,5 +203,6 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
         empty_documents=counts.empty_documents,
         skipped=skipped,
         skipped_lines=counts.skipped_lines,
-        skipped_files=list(reader.empty_files),
+        skipped_files=list(empty_files),
+        input_files=paths,
     )

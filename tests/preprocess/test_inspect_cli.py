@@ -12,7 +12,8 @@ import pytest
 from indexed_dataset import IndexedDataset
 from preprocess import inspect_cli
 from preprocess.inspect import inspect_dataset
-from preprocess_testing import GOLDEN, GPT2_FLAGS, sample_texts
+from preprocess.tokenizers import TokenizerConfig, build_tokenizer
+from preprocess_testing import GOLDEN, GPT2_FLAGS, GPT2_MERGES, GPT2_VOCAB, sample_texts
 
 EOD_PREFIX = os.path.join(GOLDEN, "sample_en_eod_text_document")
 
@@ -88,3 +89,51 @@ def test_damaged_or_missing_files_are_one_line(copy_of_golden, capsys, damage):
 def test_document_out_of_range(capsys):
     assert inspect_cli.main([EOD_PREFIX, "--docs", "232", *GPT2_FLAGS]) == 1
     assert "document 232 out of range" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------------------ training view
+def test_training_view_shows_the_samples_training_reads(copy_of_golden, tmp_path, capsys):
+    from samplers import GPTDatasetConfig, build_gpt_datasets
+
+    cache = str(tmp_path / "cache")
+    argv = [copy_of_golden, "--json", "--seq-length", "64", "--split", "90,10,0", "--seed", "7",
+            "--train-samples", "5000", "--samples", "0,3,-1", "--data-cache-path", cache, *GPT2_FLAGS]
+    assert inspect_cli.main(argv) == 0
+    view = json.loads(capsys.readouterr().out)["training"]
+    train, valid, test = view["splits"]
+    assert test is None
+    config = GPTDatasetConfig(sequence_length=64, random_seed=7, blend=([copy_of_golden], None), split="90,10,0",
+                              path_to_cache=cache)
+    train_dataset, valid_dataset, _ = build_gpt_datasets(config, sizes=(5000, None, None))
+    assert train["num_samples"] == len(train_dataset) >= 5000 and train["num_epochs"] > 1
+    assert valid["num_samples"] == len(valid_dataset) and valid["num_epochs"] == 1
+    for sample_id in ("0", "3", "-1"):
+        item = train_dataset[int(sample_id) % len(train_dataset)]
+        tokens = train["samples"][sample_id]["tokens"]
+        assert tokens[:-1] == item["tokens"].tolist() and tokens[1:] == item["labels"].tolist()
+    tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type="GPT2BPETokenizer", vocab_file=GPT2_VOCAB,
+                                                merge_file=GPT2_MERGES))
+    assert train["samples"]["0"]["text"] == tokenizer.decode(train["samples"]["0"]["tokens"])
+
+
+def test_training_view_text_output_without_tokenizer(copy_of_golden, tmp_path, capsys):
+    argv = [copy_of_golden, "--seq-length", "32", "--split", "1,0,0", "--num-samples", "10", "0", "0",
+            "--samples", "1", "--data-cache-path", str(tmp_path / "cache")]
+    assert inspect_cli.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "training view   seq-length 32, split 1,0,0, seed 1234" in out
+    assert "valid           absent" in out and "test            absent" in out
+    sample = out.split("--- train sample 1 ---\n")[1].splitlines()[0].split()
+    assert len(sample) == 33 and all(token.isdigit() for token in sample)
+
+
+def test_training_view_defaults_to_the_training_cache_beside_the_data(copy_of_golden, tmp_path, capsys):
+    assert inspect_cli.main([copy_of_golden, "--seq-length", "32", "--split", "1,0,0"]) == 0
+    assert os.listdir(tmp_path / "index-cache")
+
+
+def test_training_view_bad_split_is_one_line(copy_of_golden, tmp_path, capsys):
+    argv = [copy_of_golden, "--seq-length", "32", "--split", "a,b", "--data-cache-path", str(tmp_path / "c")]
+    assert inspect_cli.main(argv) != 0
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("inspect-index: error: ")

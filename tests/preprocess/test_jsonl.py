@@ -27,20 +27,18 @@ def test_fast_and_exact_paths_agree_with_json_loads(documents, ensure_ascii, fin
     if not final_newline:
         lines[-1] = lines[-1].rstrip(b"\n")
     chunk = chunk_of(lines, first_line=10)
-    keys = ("text", "src")
-    fast = _parse_fast(chunk.data, keys)
-    exact = _parse_exact(chunk, keys, skip_invalid=False)
+    keys, fields = ("text",), ("src",)
+    fast = _parse_fast(chunk.data, keys, fields)
+    exact = _parse_exact(chunk, keys, False, fields)
     assert fast is not None
-    for key in keys:
-        expected = [d[key] for d in documents]
-        assert fast[key].to_pylist() == expected
-        assert exact.columns[key].pieces.to_pylist() == expected
+    assert fast[0]["text"].to_pylist() == exact.columns["text"].pieces.to_pylist() == [d["text"] for d in documents]
+    assert fast[1]["src"].to_pylist() == exact.fields["src"].to_pylist() == [d["src"] for d in documents]
     assert exact.line_numbers.tolist() == list(range(10, 10 + len(documents)))
 
 
 def test_doubtful_chunks_take_the_exact_path():
-    assert _parse_fast(b'{"text": "a"}\n\n{"text": "b"}\n', ("text",)) is None  # Arrow skips blank lines
-    assert _parse_fast(b'{"text": "a", "text": "b"}\n', ("text",)) is None  # duplicate key
+    assert _parse_fast(b'{"text": "a"}\n\n{"text": "b"}\n', ("text",), ()) is None  # Arrow skips blank lines
+    assert _parse_fast(b'{"text": "a", "text": "b"}\n', ("text",), ()) is None  # duplicate key
     parsed = parse_json_lines(chunk_of([b'{"text": "a", "text": "b"}\n']), ("text",))
     assert parsed.columns["text"].pieces.to_pylist() == ["b"]  # Python's rule: the last one wins
 
