@@ -124,6 +124,7 @@ class ArrowWriter(RowShardWriter):
             raise ValueError(f"{self.path}: shard_size and batch_rows must be positive")
         if os.path.isdir(self.path) and os.listdir(self.path):
             raise TokenmillError(f"{self.path}: output directory is not empty")
+        self._created_folder = not os.path.isdir(self.path)
         os.makedirs(self.path, exist_ok=True)
         limits = np.iinfo(self.dtype)
         wide = limits.max > np.iinfo(np.int32).max or limits.min < np.iinfo(np.int32).min
@@ -312,6 +313,9 @@ class ArrowWriter(RowShardWriter):
         for temporary in self._shard_paths:
             if os.path.exists(temporary):
                 os.remove(temporary)
+        # A folder this writer made must not outlive an aborted write: an empty output looks like a result.
+        if self._created_folder and os.path.isdir(self.path) and not os.listdir(self.path):
+            os.rmdir(self.path)
 
 
 def _open_table(path: str) -> pa.Table:

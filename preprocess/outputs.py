@@ -64,14 +64,10 @@ class Outputs:
         self.row_writers: list[tuple[str, str, object]] = []  # (key, format, writer)
         self.field_types: dict[str, pa.DataType] | None = None
         self.finished: list[tuple[str, str]] = []
-        # Arrow folders this run creates: the Arrow writer's abort leaves the (empty) folder behind.
-        self.created_folders: list[str] = []
         self.scratch = None
         try:
             for key in config.json_keys:
                 for fmt, path in config.output_paths_of(key).items():
-                    if fmt == "arrow" and not os.path.exists(path):
-                        self.created_folders.append(path)
                     if fmt != "mmap":
                         self.row_writers.append((key, fmt, open_writer(fmt, path, dtype, **self._options(fmt))))
             if "mmap" in config.output_formats and config.partitions > 1:
@@ -159,10 +155,6 @@ class Outputs:
         while self.finished:
             fmt, path = self.finished.pop()
             remove_output(fmt, path, self.config.mindrecord_shards)
-        while self.created_folders:
-            folder = self.created_folders.pop()
-            if os.path.isdir(folder) and not os.listdir(folder):
-                os.rmdir(folder)
         self._remove_scratch()
 
     def _remove_scratch(self) -> None:

@@ -139,6 +139,16 @@ def test_failure_leaves_no_dataset_behind(tmp_path):
         with ArrowWriter(str(path), np.uint16, batch_rows=1) as writer:
             writer.add_documents(*flat([np.array([1]), np.array([2])]))
             writer.add_documents(*flat([np.array([70_000])]))
+    assert not path.exists()
+
+
+def test_failure_in_an_existing_empty_folder_keeps_the_folder_empty(tmp_path):
+    path = tmp_path / "given"
+    path.mkdir()
+    with pytest.raises(RuntimeError):
+        with ArrowWriter(str(path), np.uint16) as writer:
+            writer.add_documents(*flat([np.array([1])]))
+            raise RuntimeError("interrupted")
     assert os.listdir(path) == []
 
 
