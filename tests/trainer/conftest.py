@@ -1,0 +1,29 @@
+"""Fixtures of the trainer tests: a small-vocabulary token file and the single-process reference run."""
+
+from pathlib import Path
+
+import pytest
+from trainer_testing import result_record, tiny_config, write_tiny_dataset
+
+
+@pytest.fixture(scope="session")
+def tiny_prefix(tmp_path_factory, golden) -> str:
+    """The golden sample documents folded into a 256-token vocabulary."""
+    directory = tmp_path_factory.mktemp("tiny_data")
+    return write_tiny_dataset(str(golden / "sample_en_eod_text_document"), str(directory / "tiny_text_document"))
+
+
+@pytest.fixture(scope="session")
+def cache_dir(tmp_path_factory) -> str:
+    return str(tmp_path_factory.mktemp("index_cache"))
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("trainer_runs")
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_prefix, cache_dir) -> dict:
+    """The single-process run every layout is compared with (evaluating one batch of valid and test)."""
+    return result_record(tiny_config(tiny_prefix, cache_dir, eval_iters=1))

@@ -1,0 +1,169 @@
+"""Shared pieces of the HF interop and generation tests: tiny random GPT-2s made locally with
+transformers (never downloaded), and the workers the multi-process tests spawn."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# The brief's tiny model: 2 layers, hidden 64, 4 heads; large init so logits are far apart (no argmax ties).
+TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "initializer_range": 0.5}
+TINY_VOCAB = 300
+EOS = TINY_VOCAB - 1
+LOGIT_TOLERANCE = 1e-5
+# Seconds a multi-process launch may take before its processes are killed.
+LAUNCH_TIMEOUT_S = 300
+DATA_TEST = Path(__file__).resolve().parents[2] / "data_test"
+# One job of a multi-process run: a module-level function, its positional and keyword arguments.
+Job = tuple[Callable[..., Any], tuple, dict]
+
+
+def make_tiny_hf(directory: Path, vocab_size: int = TINY_VOCAB, seed: int = 0,
+                 with_gpt2_tokenizer: bool = False) -> Path:
+    """A random GPT2LMHeadModel saved with save_pretrained (optionally with GPT-2's vocab.json/merges.txt)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(seed)
+    eos = 50256 if with_gpt2_tokenizer else vocab_size - 1
+    config = GPT2Config(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, **TINY)
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    if with_gpt2_tokenizer:
+        shutil.copyfile(DATA_TEST / "gpt2" / "gpt2-vocab.json", directory / "vocab.json")
+        shutil.copyfile(DATA_TEST / "gpt2" / "gpt2-merges.txt", directory / "merges.txt")
+    return directory
+
+
+def hf_model(directory: Path):
+    from transformers import GPT2LMHeadModel
+
+    return GPT2LMHeadModel.from_pretrained(directory).eval()
+
+
+def prompt_batch(lengths: tuple[int, ...] = (3, 9, 1, 14), vocab_size: int = TINY_VOCAB,
+                 seed: int = 1) -> list[list[int]]:
+    """Random prompts (ids below the EOS id) of the given lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab_size - 1, (n,), generator=generator).tolist() for n in lengths]
+
+
+def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt on its own (no padding involved)."""
+    out = []
+    with torch.no_grad():
+        for ids in prompts:
+            sequence = model.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=max_new_tokens,
+                                      pad_token_id=model.config.eos_token_id)
+            out.append(sequence[0, len(ids):].tolist())
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# -- multi-process jobs ----------------------------------------------------------------------------------
+
+def job_generate(tp: int, pp: int, load: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    from trainer.generate import GenerateConfig, generate
+    from trainer.generation.sampling import SamplingConfig
+
+    config = GenerateConfig(load=load, prompt_ids=prompts, max_new_tokens=max_new_tokens,
+                            sampling=SamplingConfig(greedy=True), tensor_model_parallel_size=tp,
+                            pipeline_model_parallel_size=pp, batch_size=len(prompts))
+    return [c.ids for c in generate(config)]
+
+
+def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
+    """Start from ``source`` (a checkpoint, or a HF directory through load_hf_weights), train ``steps`` AdamW
+    steps on random tokens in a tp x pp layout with the trainer's ParallelModel, save the model (DCP)."""
+    from trainer.checkpoint import load_checkpoint, save_checkpoint
+    from trainer.config import OptimizerConfig, ParallelismConfig
+    from trainer.data import MicroBatch
+    from trainer.hf_convert import MODEL_PREFIX, checkpoint_model, load_hf_weights
+    from trainer.hf_files import is_hf_directory, read_hf_config
+    from trainer.hf_gpt2 import shape_from_hf_config
+    from trainer.optim import build_optimizer
+    from trainer.parallel_dims import ParallelDims, pad_vocab_size
+    from trainer.runner import ParallelModel
+
+    if is_hf_directory(source):
+        config = read_hf_config(source)
+        shape, vocab = shape_from_hf_config(config, pad_vocab_size(config["vocab_size"], 64, tp)), config["vocab_size"]
+    else:
+        root, iteration, model_info = checkpoint_model(source)
+        shape, vocab = model_info.shape, model_info.vocab_size
+    shape = dataclasses.replace(shape, hidden_dropout=0.0, attention_dropout=0.0)
+    dims = ParallelDims(pp=pp, dp=dist.get_world_size() // (tp * pp), tp=tp, micro_batch_size=2, num_microbatches=2)
+    model = ParallelModel(shape, dims, dims.build_mesh("cpu"),
+                          ParallelismConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
+                          torch.device("cpu"), seed=0, checkpoint_activations=False, autocast_dtype=None)
+    if is_hf_directory(source):
+        load_hf_weights(model.named_parameters(), source, shape)
+    else:
+        load_checkpoint(root, iteration, {MODEL_PREFIX + n: p.detach() for n, p in model.named_parameters()})
+    optimizer = build_optimizer(model.named_parameters(), OptimizerConfig(lr=1e-2), foreach=False)
+    model.set_train(True)
+    for step in range(steps):
+        generator = torch.Generator().manual_seed(step)
+        batches = []
+        for _ in range(dims.num_microbatches):
+            tokens = torch.randint(0, vocab, (2, 17), generator=generator)
+            positions = torch.arange(16).expand(2, 16)
+            batches.append(MicroBatch(tokens=tokens[:, :-1], position_ids=positions, targets=tokens[:, 1:]))
+        optimizer.zero_grad(set_to_none=True)
+        model.run(batches, train=True)
+        optimizer.step()
+    save_checkpoint(save, steps, {MODEL_PREFIX + n: p.detach() for n, p in model.named_parameters()})
+
+
+def _worker(rank: int, world_size: int, port: int, jobs: list[Job], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        results = [function(*args, **kwargs) for function, args, kwargs in jobs]
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(results))
+
+
+def run_jobs(world_size: int, jobs: list[Job], workdir: Path) -> list:
+    """Run ``(function, args, kwargs)`` jobs one after another in ``world_size`` gloo processes.
+
+    The functions must be importable module-level functions (the children are spawned) and return
+    JSON-serialisable results.
+
+    Returns:
+        Rank 0's results.
+
+    Raises:
+        TimeoutError: the launch exceeded LAUNCH_TIMEOUT_S (processes are killed, never left hanging).
+    """
+    out = workdir / f"results-{time.monotonic_ns()}.json"
+    context = mp.start_processes(_worker, args=(world_size, free_port(), jobs, str(out)), nprocs=world_size,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world_size}-process run did not finish in {LAUNCH_TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    return json.loads(out.read_text())

@@ -1,0 +1,141 @@
+"""Shared pieces of the trainer tests: the tiny model/data config and a gloo process launcher.
+
+Several configurations run inside one launch (the process group is created once, each `train` call
+builds its own mesh), because starting a CPU process costs seconds and a run of the tiny model less.
+The module is imported by the spawned children too (multiprocessing passes ``sys.path`` on).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from indexed_dataset import IndexedDataset, IndexedDatasetWriter
+from trainer.cli_args import option_name
+from trainer.config import (
+    CheckpointConfig,
+    DataConfig,
+    LoggingConfig,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    TrainConfig,
+    TrainingConfig,
+)
+from trainer.train import train
+
+# The tiny model of the parity tests: vocab 256 pads to 256 for tp 1 and 2 (multiple of 64 x tp = 128).
+TINY_VOCAB = 256
+TINY_DIVISIBLE_BY = 64
+TINY_STEPS = 10
+# Seconds a whole multi-process launch may take before its processes are killed.
+LAUNCH_TIMEOUT_S = 420
+
+
+def write_tiny_dataset(golden_prefix: str, prefix: str) -> str:
+    """The golden GPT-2 documents with every id folded into ``TINY_VOCAB`` (same document lengths)."""
+    source = IndexedDataset(golden_prefix)
+    lengths = source.sequence_lengths.astype(np.int64)
+    counts = np.diff(source.document_indices)
+    with IndexedDatasetWriter(prefix, np.uint16) as writer:
+        writer.add_documents((source.tokens % TINY_VOCAB).astype(np.uint16), lengths, counts)
+    return prefix
+
+
+def tiny_config(prefix: str, cache: str, *, tp: int = 1, pp: int = 1, schedule: str = "1f1b",
+                sequence_parallel: bool = False, distributed_optimizer: bool = False, virtual_layers: int | None = None,
+                train_iters: int = TINY_STEPS, save: str | None = None, load: str | None = None,
+                save_interval: int | None = None, num_layers: int = 4, hidden_size: int = 32,
+                micro_batch_size: int = 2, eval_iters: int = 0, metrics_file: str | None = None) -> TrainConfig:
+    """The parity-test run: 4 layers, hidden 32, seq 32, global batch 8, fp32, no dropout, 10 steps."""
+    return TrainConfig(
+        model=ModelConfig(num_layers=num_layers, hidden_size=hidden_size, num_attention_heads=4, seq_length=32,
+                          vocab_size=TINY_VOCAB, make_vocab_size_divisible_by=TINY_DIVISIBLE_BY,
+                          hidden_dropout=0.0, attention_dropout=0.0),
+        data=DataConfig(dataset=[prefix], split="98,1,1", data_cache_path=cache),
+        training=TrainingConfig(micro_batch_size=micro_batch_size, global_batch_size=8, train_iters=train_iters,
+                                device="cpu"),
+        optimizer=OptimizerConfig(lr=3e-3, min_lr=3e-4, lr_warmup_iters=2, lr_decay_iters=2 * TINY_STEPS,
+                                  clip_grad=0.5),
+        parallelism=ParallelismConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                      pipeline_schedule=schedule, sequence_parallel=sequence_parallel,
+                                      use_distributed_optimizer=distributed_optimizer,
+                                      num_layers_per_virtual_pipeline_stage=virtual_layers),
+        checkpoint=CheckpointConfig(save=save, load=load, save_interval=save_interval),
+        logging=LoggingConfig(log_interval=5, eval_interval=1000, eval_iters=eval_iters,
+                              metrics_file=metrics_file or os.devnull),
+    )
+
+
+def argv_for(config: TrainConfig) -> list[str]:
+    """The ``train`` command line that builds ``config`` (every field that differs from its default)."""
+    argv: list[str] = []
+    for section in dataclasses.fields(TrainConfig):
+        value_section = getattr(config, section.name)
+        default_section = section.default_factory()
+        for f in dataclasses.fields(value_section):
+            value, default = getattr(value_section, f.name), getattr(default_section, f.name)
+            if value == default:
+                continue
+            name = option_name(f.name)
+            if isinstance(value, bool):
+                argv.append(name)
+            elif isinstance(value, list):
+                argv += [name, *map(str, value)]
+            else:
+                argv += [name, str(value)]
+    return argv
+
+
+def result_record(config: TrainConfig) -> dict:
+    """Run ``config`` and return its result as plain data."""
+    return dataclasses.asdict(train(config))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, configs: list[TrainConfig], out: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        records = [result_record(config) for config in configs]
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        Path(out).write_text(json.dumps(records))
+
+
+def run_in_processes(world_size: int, configs: list[TrainConfig], workdir: Path) -> list[dict]:
+    """Run ``configs`` one after another in ``world_size`` gloo processes; rank 0's results.
+
+    Raises:
+        TimeoutError: the launch exceeded LAUNCH_TIMEOUT_S (processes are killed, never left hanging).
+    """
+    out = workdir / f"results-{time.monotonic_ns()}.json"
+    context = mp.start_processes(_worker, args=(world_size, _free_port(), configs, str(out)), nprocs=world_size,
+                                 join=False, start_method="spawn")
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    try:
+        while not context.join(timeout=1):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{world_size}-process run did not finish in {LAUNCH_TIMEOUT_S} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+    return json.loads(out.read_text())

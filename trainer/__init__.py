@@ -1,0 +1,1 @@
+"""tokenmill trainer room."""

@@ -1,0 +1,139 @@
+"""``train``: a thin GPT trainer with data, tensor and pipeline parallelism.
+
+    # one process, on the bundled sample data
+    train --dataset data_test/megatron/sample_en_eod_text_document --vocab-file data_test/gpt2/gpt2-vocab.json \\
+          --merge-file data_test/gpt2/gpt2-merges.txt --num-layers 2 --hidden-size 64 --num-attention-heads 4 \\
+          --seq-length 64 --micro-batch-size 4 --global-batch-size 8 --train-iters 20 --device cpu
+
+    # 4 CPU processes, data x tensor parallel (train launches them itself, as torchrun would)
+    train ... --nproc-per-node 4 --tensor-model-parallel-size 2 --device cpu
+
+With more than one process ``train`` starts them through torch's elastic launcher; under a torchrun
+the user started it just joins the group.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from collections.abc import Iterator
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
+
+from indexed_dataset.errors import TokenmillError
+from trainer.cli_args import build_parser, config_from_args
+from trainer.cli_flags import flags_in_message
+from trainer.config import TrainConfig
+from trainer.data import check_data_files
+from trainer.distributed import launch, under_launcher
+from trainer.parallel_dims import resolve_parallel_dims
+from trainer.train import train
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+# Loggers that report a failed worker with a multi-line traceback of the launcher itself.
+LAUNCHER_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+
+
+def _setup_logging(rank: int) -> None:
+    """INFO on rank 0, warnings only elsewhere: only rank 0 writes the log."""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
+    if rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"train: error: {flags_in_message(message, build_parser())}\n")
+
+
+def _run(config: TrainConfig) -> int:
+    """Train in this process (alone or under torchrun); our own errors become one line on stderr,
+    written by rank 0."""
+    rank = int(os.environ.get("RANK", "0"))
+    _setup_logging(rank)
+    try:
+        train(config)
+    except TokenmillError as error:
+        if rank == 0:
+            _fail(str(error))
+        return EXIT_ERROR
+    return 0
+
+
+def _worker(config: TrainConfig) -> int:
+    """Entry point of each process `main` launches.
+
+    Our own errors go to the elastic error file instead of stderr: the launcher may kill the other
+    workers at the first failure, so the parent, which sees the first failure's message, prints it.
+    """
+    if config.training.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        # What torchrun does for several processes per node: one intra-op thread each.
+        torch.set_num_threads(1)
+    _setup_logging(int(os.environ.get("RANK", "0")))
+    try:
+        train(config)
+    except TokenmillError as error:
+        ErrorHandler().record_exception(error)
+        raise SystemExit(EXIT_ERROR) from None
+    return 0
+
+
+def _failure_message(error: ChildFailedError) -> str:
+    """The first failed worker's own message (``"TrainConfigError: ..."`` minus the type)."""
+    rank, failure = error.get_first_failure()
+    message = failure.message
+    if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": ...}
+        message = message.get("message", "")
+    if failure.error_file_data and message:
+        return message.split(": ", 1)[-1]
+    return f"worker rank {rank} failed with exit code {failure.exitcode}; see its output above"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: the command line), then train or launch the workers that do."""
+    args = build_parser().parse_args(argv)
+    try:
+        config = config_from_args(args)
+    except TokenmillError as error:
+        _fail(str(error))
+        return EXIT_USAGE
+    num_processes = config.launch.num_gpus_per_node * config.launch.num_nodes
+    if num_processes == 1 or under_launcher():
+        return _run(config)
+    try:
+        # Fail here, before any process starts, on what the workers would all reject.
+        resolve_parallel_dims(config, num_processes)
+        check_data_files(config.data)
+    except TokenmillError as error:
+        _fail(str(error))
+        return EXIT_ERROR
+    _setup_logging(0)
+    try:
+        with _quiet_launcher_logs():
+            launch(config.launch, _worker, config)
+    except ChildFailedError as error:
+        _fail(_failure_message(error))
+        return EXIT_ERROR
+    return 0
+
+
+@contextlib.contextmanager
+def _quiet_launcher_logs() -> Iterator[None]:
+    """Hide the launcher's own tracebacks of a failed worker: `main` reports the failure in one line.
+    (An unexpected exception still prints its traceback from the worker itself.)"""
+    loggers = [logging.getLogger(name) for name in LAUNCHER_LOGGERS]
+    levels = [logger.level for logger in loggers]
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+if __name__ == "__main__":  # torchrun --nproc-per-node N -m trainer.cli ...
+    sys.exit(main())

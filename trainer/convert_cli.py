@@ -1,0 +1,63 @@
+"""``convert-checkpoint``: Hugging Face GPT-2 directories <-> tokenmill checkpoints (local files only).
+
+    # HF -> tokenmill (model only, iteration 0; train --load continues from it)
+    convert-checkpoint --from-hf gpt2/ --to checkpoints/gpt2 [--tensor-model-parallel-size 2]
+    # tokenmill -> HF (loads with GPT2LMHeadModel.from_pretrained)
+    convert-checkpoint --from checkpoints/run1 --to-hf gpt2-run1/
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from indexed_dataset.errors import TokenmillError
+from trainer.cli_flags import flags_in_message
+from trainer.hf_convert import ConvertCheckpointConfig, convert_checkpoint
+
+PROG = "convert-checkpoint"
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    hf_in = parser.add_argument_group("import (HF -> tokenmill)")
+    hf_in.add_argument("--from-hf", metavar="DIR", help="local HF GPT-2 directory (config.json + weights)")
+    hf_in.add_argument("--to", metavar="PATH", help="checkpoint root to create")
+    hf_in.add_argument("--make-vocab-size-divisible-by", type=int,
+                       help="pad the vocabulary as the train run will (default 128)")
+    hf_in.add_argument("--tensor-model-parallel-size", type=int,
+                       help="tp degree of the train run that loads it; the padding is a multiple of it (default 1)")
+    hf_out = parser.add_argument_group("export (tokenmill -> HF)")
+    hf_out.add_argument("--from", dest="from_checkpoint", metavar="PATH",
+                        help="checkpoint root (latest iteration) or iter_XXXXXXX directory")
+    hf_out.add_argument("--to-hf", metavar="DIR", help="HF directory to write")
+    hf_out.add_argument("--num-attention-heads", type=int, help="only for checkpoints without model_config.json")
+    hf_out.add_argument("--vocab-size", type=int, help="only for checkpoints without model_config.json")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: the command line) and convert."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        config = ConvertCheckpointConfig(**vars(args))
+    except ValueError as error:
+        sys.stderr.write(f"{PROG}: error: {_as_flags(str(error))}\n")
+        return EXIT_USAGE
+    try:
+        convert_checkpoint(config)
+    except TokenmillError as error:
+        sys.stderr.write(f"{PROG}: error: {_as_flags(str(error))}\n")
+        return EXIT_ERROR
+    return 0
+
+
+
+def _as_flags(message: str) -> str:
+    """Config field names as the flags a user typed (``to_hf`` -> ``--to-hf``; ``to`` is a plain word)."""
+    return flags_in_message(message.replace("(to)", "(--to)"), build_parser())

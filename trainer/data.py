@@ -1,0 +1,191 @@
+"""Batches for the trainer: the samplers room's GPT datasets, read ahead by a background thread.
+
+Only the data-parallel rank decides which samples a process reads (`DataParallelSampler`); tensor
+and pipeline peers read the same ones. A step's batch is ``num_microbatches`` micro-batches of
+``micro_batch_size`` samples, collated and checked against the vocabulary off the training thread,
+so the step only pays for a queue ``get``.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from indexed_dataset import data_file_path, index_file_path
+from samplers import DataParallelSampler, GPTDatasetConfig, build_gpt_datasets
+from trainer.config import DataConfig
+from trainer.errors import TrainConfigError
+
+# Labels with this value are left out of the loss (``F.cross_entropy``'s default ignore_index).
+IGNORE_INDEX = -100
+# Steps read ahead; two keep the queue full while a step runs without holding much memory.
+PREFETCH_STEPS = 2
+
+
+@dataclass(slots=True)
+class MicroBatch:
+    """One micro-batch: tokens, position_ids and loss targets, each int64 [micro_batch_size, seq]."""
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    """Labels with IGNORE_INDEX where the loss mask is 0."""
+
+    def to(self, device: torch.device) -> MicroBatch:
+        return MicroBatch(*(t.to(device, non_blocking=True) for t in (self.tokens, self.position_ids, self.targets)))
+
+
+@dataclass(frozen=True, slots=True)
+class Vocabulary:
+    """What the trainer needs from the tokenizer."""
+
+    size: int
+    """Unpadded vocabulary size."""
+    eod_id: int | None
+    pad_id: int | None
+
+
+def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
+    """The vocabulary size (an explicit ``vocab_size`` wins) and EOD/pad ids from the tokenizer files.
+
+    Raises:
+        TrainConfigError: neither a vocabulary size nor tokenizer files are given.
+    """
+    files = {name: getattr(data, name) for name in ("vocab_file", "merge_file", "tokenizer_model")
+             if getattr(data, name) is not None}
+    if not files:
+        if vocab_size is None:
+            raise TrainConfigError("the vocabulary size is unknown: give vocab_size or the tokenizer's vocab_file")
+        return Vocabulary(size=vocab_size, eod_id=None, pad_id=None)
+    # Imported here: the tokenizer libraries load only when a run names tokenizer files.
+    from preprocess.tokenizers import TokenizerConfig, build_tokenizer
+
+    try:
+        tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type=data.tokenizer_type, **files))
+    except ValueError as error:
+        raise TrainConfigError(str(error)) from error
+    return Vocabulary(size=vocab_size or tokenizer.vocab_size, eod_id=tokenizer.eod, pad_id=tokenizer.pad)
+
+
+def check_data_files(data: DataConfig) -> tuple[list[str], list[float] | None]:
+    """The blend's prefixes and weights, after checking that every ``.bin``/``.idx`` exists.
+
+    Raises:
+        TrainConfigError: no data given, or a file is missing.
+    """
+    prefixes, weights = data.blend
+    for prefix in prefixes:
+        for path in (data_file_path(prefix), index_file_path(prefix)):
+            if not Path(path).is_file():
+                raise TrainConfigError(f"dataset {prefix}: {path} not found")
+    return prefixes, weights
+
+
+def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, sizes: tuple[int, int, int]):
+    """The train, valid and test datasets (each None when empty and not asked for).
+
+    Args:
+        data: data settings.
+        seq_length: tokens per sample.
+        vocabulary: EOD and pad ids.
+        sizes: samples wanted per split.
+
+    Raises:
+        TrainConfigError: a prefix has no ``.bin``/``.idx`` or the split/blend is malformed.
+    """
+    prefixes, weights = check_data_files(data)
+    options = {"pad_id": vocabulary.pad_id} if vocabulary.pad_id is not None else {}
+    try:
+        config = GPTDatasetConfig(sequence_length=seq_length, random_seed=data.seed, blend=(prefixes, weights),
+                                  split=data.split, path_to_cache=data.data_cache_path, eod_id=vocabulary.eod_id,
+                                  **options)
+    except ValueError as error:
+        raise TrainConfigError(str(error)) from error
+    return build_gpt_datasets(config, sizes=sizes)
+
+
+def step_iterator(dataset, consumed_samples: int, micro_batch_size: int, num_microbatches: int, dp_rank: int,
+                  dp: int, vocab_size: int) -> Iterator[list[MicroBatch]]:
+    """This dp rank's micro-batches, one list per optimiser step, from ``consumed_samples`` on."""
+    sampler = DataParallelSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
+                                  micro_batch_size=micro_batch_size, data_parallel_rank=dp_rank,
+                                  data_parallel_size=dp)
+    return step_batches(dataset, sampler, num_microbatches, vocab_size)
+
+
+def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> MicroBatch:
+    """Stack samplers' items into a `MicroBatch`.
+
+    Raises:
+        TrainConfigError: a token id does not fit the model's vocabulary.
+    """
+    tokens = torch.stack([item["tokens"] for item in items]).long()
+    labels = torch.stack([item["labels"] for item in items]).long()
+    loss_mask = torch.stack([item["loss_mask"] for item in items])
+    largest = int(max(tokens.max(), labels.max()))
+    if largest >= vocab_size:
+        raise TrainConfigError(f"the data holds token id {largest} but vocab_size is {vocab_size}")
+    targets = labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
+    position_ids = torch.stack([item["position_ids"] for item in items]).long()
+    return MicroBatch(tokens=tokens, position_ids=position_ids, targets=targets)
+
+
+def step_batches(dataset, sampler, num_microbatches: int, vocab_size: int) -> Iterator[list[MicroBatch]]:
+    """Yield each step's micro-batches, in the sampler's order."""
+    step: list[MicroBatch] = []
+    for indices in sampler:
+        step.append(collate([dataset[i] for i in indices], vocab_size))
+        if len(step) == num_microbatches:
+            yield step
+            step = []
+
+
+class Prefetcher:
+    """Runs an iterator in a daemon thread, ``PREFETCH_STEPS`` items ahead; errors re-raise in ``next``."""
+
+    _DONE = object()
+
+    def __init__(self, iterator: Iterator) -> None:
+        self._queue: queue.Queue = queue.Queue(maxsize=PREFETCH_STEPS)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(iterator,), daemon=True, name="prefetch")
+        self._thread.start()
+
+    def _run(self, iterator: Iterator) -> None:
+        try:
+            for item in iterator:
+                if not self._put(item):
+                    return
+        except Exception as error:  # handed to the training thread, which re-raises it
+            self._put(error)
+            return
+        self._put(self._DONE)
+
+    def _put(self, item: object) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def __iter__(self) -> Prefetcher:
+        return self
+
+    def __next__(self):
+        item = self._queue.get()
+        if item is self._DONE:
+            raise StopIteration
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,14 @@
+"""The trainer's own failures: each becomes one clear line and a non-zero exit in `train`."""
+
+from indexed_dataset.errors import TokenmillError
+
+
+class TrainConfigError(TokenmillError, ValueError):
+    """A training configuration is inconsistent (a divisibility rule, a missing input, a bad value).
+
+    Messages name the config fields (``num_attention_heads``); the CLI shows them as flags.
+    """
+
+
+class CheckpointError(TokenmillError):
+    """A checkpoint is missing, incomplete, or does not fit the model being trained."""

@@ -1,0 +1,170 @@
+"""``generate``: continue prompts with a tokenmill checkpoint or a local Hugging Face GPT-2 directory.
+
+    generate --load gpt2/ --prompt "Hello, my name is" --max-new-tokens 20 --greedy
+    generate --load checkpoints/run1 --prompt-file prompts.txt --top-p 0.9 --temperature 0.8 --json
+    generate --load checkpoints/run1 --prompt-ids "464 2068 7586" --vocab-file gpt2-vocab.json \\
+             --merge-file gpt2-merges.txt --tokenizer-type GPT2BPETokenizer
+    # 2 CPU processes, tensor parallel (started through torch's elastic launcher, as train does)
+    generate --load gpt2/ --prompt "Hello" --nproc-per-node 2 --device cpu --tensor-model-parallel-size 2
+
+Without tokenizer flags the tokenizer files stored with the model are used. Prints each continuation
+(``--json``: one object per prompt and line, with ``prompt``, ``text`` and the generated ``ids``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+from indexed_dataset.errors import TokenmillError
+from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
+from trainer.cli_flags import flags_in_message
+from trainer.config import LaunchConfig
+from trainer.distributed import launch, under_launcher
+from trainer.generate import GenerateConfig, generate, plan_generation
+from trainer.generation.sampling import SamplingConfig
+
+PROG = "generate"
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+DEFAULT_MASTER_PORT = 29500
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROG, description="Continue prompts with a GPT checkpoint.",
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--load", required=True, help="checkpoint root, iter_XXXXXXX directory, or HF GPT-2 directory")
+    prompts = parser.add_argument_group("prompts (any mix; texts first, then id prompts)")
+    prompts.add_argument("--prompt", action="append", default=[], help="a prompt text (repeatable)")
+    prompts.add_argument("--prompt-file", help="a file with one prompt text per line (empty lines skipped)")
+    prompts.add_argument("--prompt-ids", action="append", default=[], help='a prompt as token ids "ID ID ..." '
+                                                                          "(repeatable)")
+    sampling = parser.add_argument_group("sampling")
+    sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    sampling.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this")
+    sampling.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = all)")
+    sampling.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt at most")
+    sampling.add_argument("--seed", type=int, default=1234, help="seed of the sampling generator")
+    parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
+    parser.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
+    add_tokenizer_arguments(parser, required=False)
+    layout = parser.add_argument_group("parallelism")
+    layout.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel degree")
+    layout.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline-parallel degree")
+    layout.add_argument("--nproc-per-node", type=int, default=1, help="processes to start on this node")
+    layout.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port")
+    layout.add_argument("--device", choices=("cpu", "cuda"), help="default cuda when available")
+    return parser
+
+
+def _read_prompt_file(path: str) -> list[str]:
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path}: cannot read prompt file ({error})") from None
+    return [line for line in lines if line.strip()]
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(token) for token in text.replace(",", " ").split()]
+    except ValueError:
+        raise ValueError(f"--prompt-ids {text!r}: expected integers separated by spaces") from None
+
+
+def config_from_args(args: argparse.Namespace) -> tuple[GenerateConfig, LaunchConfig]:
+    """The run's config and launch settings.
+
+    Raises:
+        ValueError: a flag value is invalid (TrainConfigError included).
+    """
+    if args.tokenizer_type is None:
+        options = {"--vocab-file": args.vocab_file, "--merge-file": args.merge_file,
+                   "--tokenizer-model": args.tokenizer_model, "--vocab-size": args.vocab_size}
+        given = [flag for flag, value in options.items() if value is not None]
+        if given or not args.tokenizer_hf_include_special_tokens:
+            raise ValueError(f"{', '.join(given) or '--tokenizer-hf-no-include-special-tokens'} needs --tokenizer-type")
+    prompts = [*args.prompt, *(_read_prompt_file(args.prompt_file) if args.prompt_file else [])]
+    sampling = SamplingConfig(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
+    config = GenerateConfig(load=args.load, prompts=prompts, prompt_ids=[_parse_ids(t) for t in args.prompt_ids],
+                            tokenizer=tokenizer_config_from_args(args), sampling=sampling,
+                            max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size,
+                            tensor_model_parallel_size=args.tensor_model_parallel_size,
+                            pipeline_model_parallel_size=args.pipeline_model_parallel_size, device=args.device)
+    return config, LaunchConfig(num_gpus_per_node=args.nproc_per_node, master_port=args.master_port)
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"{PROG}: error: {flags_in_message(message, build_parser())}\n")
+
+
+def _run(config: GenerateConfig) -> list[dict] | None:
+    """Generate in this process; None after writing our own error (rank 0 writes it)."""
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    try:
+        return [asdict(c) for c in generate(config)]
+    except TokenmillError as error:
+        if rank == 0:
+            _fail(str(error))
+        return None
+
+
+def _worker(config: GenerateConfig) -> list[dict]:
+    """Entry point of each launched process; its completions go back to the launcher."""
+    if config.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)  # what torchrun does for several processes per node
+    completions = _run(config)
+    if completions is None:
+        raise SystemExit(EXIT_ERROR)
+    return completions
+
+
+def format_completion(record: dict, as_json: bool) -> str:
+    """A `Completion` (as a dict) as one JSON line, or as its continuation text (its ids without a tokenizer)."""
+    if as_json:
+        return json.dumps(record, ensure_ascii=False)
+    return record["text"] if record["text"] is not None else " ".join(map(str, record["ids"]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse ``argv`` (default: the command line), generate (or launch the processes that do), print."""
+    args = build_parser().parse_args(argv)
+    try:
+        config, launch_config = config_from_args(args)
+    except ValueError as error:
+        _fail(str(error))
+        return EXIT_USAGE
+    if launch_config.num_gpus_per_node == 1 or under_launcher():
+        completions = _run(config)
+        if completions is None:
+            return EXIT_ERROR
+        if int(os.environ.get("RANK", "0")) != 0:
+            return 0
+    else:
+        logging.basicConfig(level=logging.INFO, format="%(message)s")
+        try:
+            # Fail here, before any process starts, on what the workers would all reject.
+            plan_generation(config, launch_config.num_gpus_per_node)
+        except TokenmillError as error:
+            _fail(str(error))
+            return EXIT_ERROR
+        try:
+            completions = launch(launch_config, _worker, config)[0]
+        except ChildFailedError as error:
+            failed = sorted(failure.rank for failure in error.failures.values())
+            if 0 not in failed:
+                _fail(f"worker rank(s) {failed} failed; see their output above")
+            return EXIT_ERROR
+    for completion in completions:
+        print(format_completion(completion, args.json))
+    return 0

@@ -1,0 +1,337 @@
+"""Hugging Face GPT-2 directories <-> tokenmill checkpoints, and HF weights into a (parallel) model.
+
+A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint`) with the model only, at
+iteration 0, so ``train --load`` starts from it in any tp/pp/dp layout. Beside it, in the checkpoint
+root, ``model_config.json`` records the shape, the real vocabulary size and the EOD id (what export
+and ``generate`` need and tensors cannot tell: the head count, the padding), and the HF tokenizer
+files are copied there.
+
+    import_hf_checkpoint("gpt2/", "checkpoints/gpt2")               # convert-checkpoint --from-hf ... --to ...
+    export_hf_checkpoint("checkpoints/run1", "gpt2-finetuned/")      # convert-checkpoint --from ... --to-hf ...
+    load_hf_weights(model.named_parameters(), "gpt2/", shape)        # train --load-hf: any layout, in place
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+from trainer.checkpoint import (
+    LATEST_FILE,
+    SafeFileSystemReader,
+    checkpoint_dir,
+    latest_iteration,
+    load_checkpoint,
+    save_checkpoint,
+)
+from trainer.errors import CheckpointError
+from trainer.hf_files import (
+    copy_tokenizer_files,
+    read_hf_config,
+    read_hf_weights,
+    read_json,
+    tokenizer_config_for_directory,
+    write_hf_directory,
+    write_json,
+)
+from trainer.hf_gpt2 import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
+from trainer.model import GPT, GPTShape
+from trainer.parallel_dims import pad_vocab_size
+
+logger = logging.getLogger(__name__)
+
+MODEL_CONFIG_FILE = "model_config.json"
+MODEL_PREFIX = "model."
+IMPORTED_ITERATION = 0
+# The trainer's defaults for the vocabulary padding (Megatron's --make-vocab-size-divisible-by).
+DEFAULT_DIVISIBLE_BY = 128
+_ITERATION_DIR = re.compile(r"^iter_(\d+)$")
+
+
+@dataclass(kw_only=True, slots=True)
+class ConvertCheckpointConfig:
+    """One ``convert-checkpoint`` run: HF directory -> checkpoint, or checkpoint -> HF directory."""
+
+    from_hf: str | None = None
+    """Local HF GPT-2 directory to import."""
+    to: str | None = None
+    """Checkpoint root to create from it."""
+    from_checkpoint: str | None = None
+    """Checkpoint root (latest iteration) or iter_XXXXXXX directory to export."""
+    to_hf: str | None = None
+    """HF directory to write."""
+    make_vocab_size_divisible_by: int | None = None
+    """Import: pad the vocabulary to a multiple of this x tensor_model_parallel_size (default 128)."""
+    tensor_model_parallel_size: int | None = None
+    """Import: tp degree of the run that will load the checkpoint (default 1)."""
+    num_attention_heads: int | None = None
+    """Export of a checkpoint without model_config.json: its head count."""
+    vocab_size: int | None = None
+    """Export of a checkpoint without model_config.json: its real vocabulary size."""
+
+    def __post_init__(self) -> None:
+        importing = self.from_hf is not None or self.to is not None
+        exporting = self.from_checkpoint is not None or self.to_hf is not None
+        pair = (self.from_hf, self.to) if importing else (self.from_checkpoint, self.to_hf)
+        if importing == exporting or None in pair:
+            raise ValueError("give from_hf with a checkpoint root (to), or from_checkpoint with to_hf")
+        wrong = ("num_attention_heads", "vocab_size") if importing else ("make_vocab_size_divisible_by",
+                                                                         "tensor_model_parallel_size")
+        for name in wrong:
+            if getattr(self, name) is not None:
+                raise ValueError(f"{name} does not apply when {'importing' if importing else 'exporting'}")
+        for name in ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "num_attention_heads", "vocab_size"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointModel:
+    """What a checkpoint's tensors do not tell about its model."""
+
+    shape: GPTShape
+    vocab_size: int
+    """Real (unpadded) vocabulary size."""
+    eod_id: int | None
+
+
+def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
+    """Write ``model_config.json`` into a checkpoint root (call on one rank)."""
+    Path(root).mkdir(parents=True, exist_ok=True)
+    write_json(Path(root) / MODEL_CONFIG_FILE, {"shape": dataclasses.asdict(model.shape),
+                                                "vocab_size": model.vocab_size, "eod_id": model.eod_id})
+
+
+def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
+    """The ``model_config.json`` of a checkpoint root, or None when it has none.
+
+    Raises:
+        CheckpointError: the file exists but is malformed.
+    """
+    path = Path(root) / MODEL_CONFIG_FILE
+    if not path.is_file():
+        return None
+    value = read_json(path)
+    try:
+        return CheckpointModel(shape=GPTShape(**value["shape"]), vocab_size=int(value["vocab_size"]),
+                               eod_id=value.get("eod_id"))
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{path}: malformed model config ({error!r})") from None
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
+    """(root, iteration) of a checkpoint root (its latest iteration) or of one ``iter_XXXXXXX`` directory.
+
+    Raises:
+        CheckpointError: ``path`` holds no checkpoint.
+    """
+    path = Path(path)
+    match = _ITERATION_DIR.match(path.name)
+    if match and (path / ".metadata").is_file():
+        return path.parent, int(match.group(1))
+    iteration = latest_iteration(path)
+    if iteration is None:
+        raise CheckpointError(f"{path}: no checkpoint ({LATEST_FILE} not found)")
+    return path, iteration
+
+
+def model_config_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
+    """The `trainer.config.ModelConfig` fields that a (checked) HF GPT-2 config fixes (for ``train --load-hf``)."""
+    shape = shape_from_hf_config(hf_config)
+    return {"num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
+            "num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
+            "max_position_embeddings": shape.max_position_embeddings, "vocab_size": hf_config["vocab_size"],
+            "layernorm_epsilon": shape.layernorm_epsilon}
+
+
+def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """Defaults that ``train --load-hf DIR`` takes from the directory, by `TrainConfig` section.
+
+    ``model``: the shape fields of `model_config_from_hf`; ``data``: the tokenizer options of the
+    tokenizer files stored there (absent when there are none). Flags the user gives still win;
+    `load_hf_weights` then rejects a shape the weights do not fit.
+
+    Raises:
+        HFConversionError: the directory is not a convertible GPT-2.
+    """
+    defaults: dict[str, dict[str, Any]] = {"model": model_config_from_hf(_checked_config(hf_dir))}
+    tokenizer = tokenizer_config_for_directory(hf_dir)
+    if tokenizer is not None:
+        defaults["data"] = {name: getattr(tokenizer, name) for name in ("tokenizer_type", "vocab_file", "merge_file",
+                                                                        "tokenizer_model")}
+    return defaults
+
+
+def is_model_only_checkpoint(root: str | os.PathLike, iteration: int) -> bool:
+    """True for a checkpoint holding ``model.*`` tensors only (what `import_hf_checkpoint` writes)."""
+    saved = SafeFileSystemReader(checkpoint_dir(root, iteration)).read_metadata().state_dict_metadata
+    return all(name.startswith(MODEL_PREFIX) for name in saved)
+
+
+def _checked_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
+    config = read_hf_config(hf_dir)
+    check_hf_config(config, str(Path(hf_dir) / "config.json"))
+    return config
+
+
+def import_hf_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike,
+                         make_vocab_size_divisible_by: int = DEFAULT_DIVISIBLE_BY,
+                         tensor_model_parallel_size: int = 1) -> Path:
+    """Convert a HF GPT-2 directory into a model-only tokenmill checkpoint at iteration 0.
+
+    Args:
+        hf_dir: local directory with config.json and the weights.
+        root: checkpoint root to create (must not hold a checkpoint yet).
+        make_vocab_size_divisible_by: vocabulary padding, as the ``train`` run that loads it.
+        tensor_model_parallel_size: tp degree of that run (the padding is a multiple of both).
+
+    Returns:
+        The checkpoint directory written.
+
+    Raises:
+        HFConversionError: the directory is not a convertible GPT-2 (message names the file/tensor).
+        CheckpointError: ``root`` already holds a checkpoint.
+    """
+    if (Path(root) / LATEST_FILE).exists():
+        raise CheckpointError(f"{root} already holds a checkpoint; convert into a new directory")
+    config = _checked_config(hf_dir)
+    padded = pad_vocab_size(config["vocab_size"], make_vocab_size_divisible_by, tensor_model_parallel_size)
+    shape = shape_from_hf_config(config, padded)
+    state = state_from_hf(read_hf_weights(hf_dir), config, shape, str(hf_dir))
+    Path(root).mkdir(parents=True, exist_ok=True)
+    copy_tokenizer_files(hf_dir, root)
+    save_model_config(root, CheckpointModel(shape, config["vocab_size"], config.get("eos_token_id")))
+    # The pointer file, written last by save_checkpoint, is what makes the root a valid checkpoint.
+    return save_checkpoint(root, IMPORTED_ITERATION, {MODEL_PREFIX + name: t for name, t in state.items()})
+
+
+def parameter_shapes(shape: GPTShape) -> dict[str, torch.Size]:
+    """Name -> shape of every parameter of ``GPT(shape)`` (the tied head once), built on the meta device."""
+    with torch.device("meta"):
+        model = GPT(shape)
+    return {name: p.shape for name, p in model.named_parameters()}
+
+
+def _infer_model(root: Path, iteration: int, num_attention_heads: int | None,
+                 vocab_size: int | None) -> CheckpointModel:
+    """The model of a checkpoint without ``model_config.json``: sizes from the tensors, the rest from the caller."""
+    if num_attention_heads is None or vocab_size is None:
+        raise CheckpointError(f"{root} has no {MODEL_CONFIG_FILE}: give num_attention_heads and vocab_size")
+    saved = SafeFileSystemReader(checkpoint_dir(root, iteration)).read_metadata().state_dict_metadata
+    sizes = {name.removeprefix(MODEL_PREFIX): tuple(meta.size) for name, meta in saved.items()
+             if name.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
+    try:
+        padded, hidden = sizes["tok_embeddings.weight"]
+        layers = {int(m.group(1)) for name in sizes if (m := re.match(r"layers\.(\d+)\.", name))}
+        shape = GPTShape(num_layers=len(layers), hidden_size=hidden, num_attention_heads=num_attention_heads,
+                         ffn_hidden_size=sizes["layers.0.feed_forward.w1.weight"][0],
+                         max_position_embeddings=sizes["pos_embeddings.weight"][0], padded_vocab_size=padded)
+    except KeyError as error:
+        raise CheckpointError(f"{checkpoint_dir(root, iteration)} holds no GPT model tensor {error}") from None
+    if hidden % num_attention_heads or vocab_size > padded:
+        raise CheckpointError(f"{root}: num_attention_heads {num_attention_heads} / vocab_size {vocab_size} do not fit "
+                              f"hidden size {hidden} / {padded} embedding rows")
+    return CheckpointModel(shape, vocab_size, None)
+
+
+def checkpoint_model(path: str | os.PathLike, num_attention_heads: int | None = None,
+                     vocab_size: int | None = None) -> tuple[Path, int, CheckpointModel]:
+    """Root, iteration and model of a tokenmill checkpoint (``model_config.json``, else the given sizes)."""
+    root, iteration = resolve_checkpoint(path)
+    model = read_model_config(root) or _infer_model(root, iteration, num_attention_heads, vocab_size)
+    return root, iteration, model
+
+
+def read_checkpoint_state(root: Path, iteration: int, shape: GPTShape) -> dict[str, torch.Tensor]:
+    """The full model parameters of a checkpoint, in this process (resharded from any saved layout)."""
+    state = {MODEL_PREFIX + name: torch.empty(size) for name, size in parameter_shapes(shape).items()}
+    load_checkpoint(root, iteration, state)
+    return {name.removeprefix(MODEL_PREFIX): t for name, t in state.items()}
+
+
+def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num_attention_heads: int | None = None,
+                         vocab_size: int | None = None) -> Path:
+    """Write a tokenmill checkpoint as a ``GPT2LMHeadModel`` directory (config.json + model.safetensors).
+
+    Args:
+        path: checkpoint root (its latest iteration) or one ``iter_XXXXXXX`` directory.
+        hf_dir: output directory; tokenizer files found in the checkpoint root are copied into it.
+        num_attention_heads: needed only when the root has no ``model_config.json``.
+        vocab_size: likewise (the real vocabulary size; padded rows are dropped).
+
+    Returns:
+        ``hf_dir``.
+
+    Raises:
+        CheckpointError: no checkpoint, or its tensors do not fit the model.
+    """
+    root, iteration, model = checkpoint_model(path, num_attention_heads, vocab_size)
+    state = read_checkpoint_state(root, iteration, model.shape)
+    tensors = state_to_hf(state, model.shape.num_layers, model.vocab_size)
+    config = hf_config_from_shape(model.shape, model.vocab_size, model.eod_id)
+    return write_hf_directory(hf_dir, config, tensors, tokenizer_source=root)
+
+
+def _check_shape_fits(config: dict[str, Any], shape: GPTShape, source: str) -> None:
+    theirs = shape_from_hf_config(config, shape.padded_vocab_size)
+    for field in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
+                  "layernorm_epsilon"):
+        if getattr(theirs, field) != getattr(shape, field):
+            raise CheckpointError(f"{source}: the model has {field} {getattr(theirs, field)} but the run asks for "
+                                  f"{getattr(shape, field)}")
+
+
+@torch.no_grad()
+def copy_into_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the full tensor ``full`` into ``param``, or into this rank's shard when it is a DTensor."""
+    if isinstance(param, DTensor):
+        # Every rank holds the same full tensor, so each cuts its own shard without communication.
+        shard = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)
+
+
+def load_hf_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: str | os.PathLike,
+                    shape: GPTShape) -> dict[str, Any]:
+    """Fill a model's parameters with HF GPT-2 weights in place, in any tp/pp/dp layout.
+
+    Args:
+        named_parameters: this rank's parameters under full-model names (a pipeline stage's tied head
+            copy named ``tok_embeddings.weight``), plain tensors or DTensors (TP, FSDP2).
+        hf_dir: local HF GPT-2 directory.
+        shape: the model's dimensions; the vocabulary may be padded beyond the config's.
+
+    Returns:
+        The HF config.
+
+    Raises:
+        HFConversionError: the directory is not a convertible GPT-2.
+        CheckpointError: its dimensions differ from ``shape``.
+    """
+    config = _checked_config(hf_dir)
+    _check_shape_fits(config, shape, str(Path(hf_dir) / "config.json"))
+    state = state_from_hf(read_hf_weights(hf_dir), config, shape, str(hf_dir))
+    for name, param in named_parameters:
+        copy_into_parameter(param, state[name])
+    logger.info("loaded Hugging Face weights from %s", hf_dir)
+    return config
+
+
+def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:
+    """Run one conversion; returns what was written (the checkpoint directory or the HF directory)."""
+    if config.from_hf is not None:
+        return import_hf_checkpoint(config.from_hf, config.to,
+                                    config.make_vocab_size_divisible_by or DEFAULT_DIVISIBLE_BY,
+                                    config.tensor_model_parallel_size or 1)
+    return export_hf_checkpoint(config.from_checkpoint, config.to_hf, config.num_attention_heads, config.vocab_size)

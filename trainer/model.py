@@ -1,0 +1,168 @@
+"""GPT-2: learned positions, pre-LayerNorm blocks, GELU MLP, output tied to the input embedding.
+
+Written to be split and sharded by PyTorch's own tools:
+
+- blocks live in a ``ModuleDict`` keyed by their global index, so a parameter has the same name in
+  every tensor/pipeline layout (``layers.3.attention.wq.weight``) and checkpoints reshard;
+- ``tok_embeddings``, ``pos_embeddings``, ``norm`` and ``output`` may be None in a pipeline stage
+  that does not own them, and `GPT.forward` skips what is missing;
+- q, k and v are separate linears and attention infers the local head count from the shape, so
+  column-parallel sharding keeps whole heads on each tensor-parallel rank.
+
+Names map one-to-one onto Hugging Face ``GPT2LMHeadModel`` (``tok_embeddings`` = ``wte``,
+``pos_embeddings`` = ``wpe``, ``attention_norm`` = ``ln_1``, ``wq|wk|wv`` = ``c_attn`` split in three
+and transposed, ``wo`` = ``attn.c_proj``, ``ffn_norm`` = ``ln_2``, ``w1``/``w2`` = ``mlp.c_fc``/
+``mlp.c_proj`` transposed, ``norm`` = ``ln_f``, ``output`` = ``lm_head``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+
+@dataclass(frozen=True, slots=True)
+class GPTShape:
+    """Resolved model dimensions (vocabulary already padded)."""
+
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    max_position_embeddings: int
+    padded_vocab_size: int
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    init_method_std: float = 0.02
+    layernorm_epsilon: float = 1e-5
+
+
+class Attention(nn.Module):
+    """Causal multi-head self-attention."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        super().__init__()
+        h = shape.hidden_size
+        self.head_dim = h // shape.num_attention_heads
+        self.wq = nn.Linear(h, h)
+        self.wk = nn.Linear(h, h)
+        self.wv = nn.Linear(h, h)
+        self.wo = nn.Linear(h, h)
+        self.attention_dropout = shape.attention_dropout
+
+    def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        """x: [batch, seq, hidden] -> [batch, seq, hidden].
+
+        ``kv_cache`` (generation only): this layer's cache, an object with ``update(k, v) -> (k, v)``
+        (appends this call's keys/values [batch, local heads, seq, head_dim] and returns all cached
+        ones) and the ``attn_mask``/``is_causal`` arguments of `F.scaled_dot_product_attention`.
+        """
+        batch, seq, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds hidden/tp columns = heads/tp whole heads.
+        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        dropout = self.attention_dropout if self.training else 0.0
+        if kv_cache is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        else:
+            k, v = kv_cache.update(k, v)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=kv_cache.attn_mask, dropout_p=dropout,
+                                                 is_causal=kv_cache.is_causal)
+        return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class FeedForward(nn.Module):
+    """GELU MLP (tanh approximation, as GPT-2)."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(shape.hidden_size, shape.ffn_hidden_size)
+        self.w2 = nn.Linear(shape.ffn_hidden_size, shape.hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.w2(F.gelu(self.w1(x), approximate="tanh"))
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        super().__init__()
+        self.attention_norm = nn.LayerNorm(shape.hidden_size, eps=shape.layernorm_epsilon)
+        self.attention = Attention(shape)
+        self.ffn_norm = nn.LayerNorm(shape.hidden_size, eps=shape.layernorm_epsilon)
+        self.feed_forward = FeedForward(shape)
+        self.dropout = nn.Dropout(shape.hidden_dropout)
+
+    def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
+        # kv_cache by keyword: sequence parallelism's PrepareModuleInput lays out the positional inputs only.
+        x = x + self.dropout(self.attention(self.attention_norm(x), kv_cache=kv_cache))
+        return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+
+
+class GPT(nn.Module):
+    """GPT-2 language model; a pipeline stage is the same class with some parts set to None."""
+
+    def __init__(self, shape: GPTShape) -> None:
+        super().__init__()
+        self.shape = shape
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.padded_vocab_size, shape.hidden_size)
+        self.pos_embeddings: nn.Embedding | None = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
+        self.embedding_dropout: nn.Dropout | None = nn.Dropout(shape.hidden_dropout)
+        self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.num_layers)})
+        self.norm: nn.LayerNorm | None = nn.LayerNorm(shape.hidden_size, eps=shape.layernorm_epsilon)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden_size, shape.padded_vocab_size, bias=False)
+        self.checkpoint_activations = False
+        self.init_weights()
+        self.tie_weights()
+
+    def tie_weights(self) -> None:
+        """Share the output projection with the token embedding (when this module holds both)."""
+        if self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
+
+    @torch.no_grad()
+    def init_weights(self) -> None:
+        """Megatron's GPT init: N(0, std) everywhere, std/sqrt(2 L) for the residual output projections."""
+        std = self.shape.init_method_std
+        scaled_std = std / math.sqrt(2.0 * self.shape.num_layers)
+        for name, param in self.named_parameters():
+            if name.endswith(("norm.weight",)):
+                param.fill_(1.0)
+            elif name.endswith(".bias"):
+                param.zero_()
+            elif name.endswith(("wo.weight", "w2.weight")):
+                param.normal_(0.0, scaled_std)
+            else:
+                param.normal_(0.0, std)
+
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None, kv_cache=None) -> torch.Tensor:
+        """Token ids [batch, seq] (or, after the first stage, hidden states [batch, seq, hidden]) ->
+        logits [batch, seq, padded_vocab] (or hidden states when this stage has no output head).
+
+        ``kv_cache`` (generation only, see `trainer.generation.kv_cache`): ``kv_cache.layer(name)`` is
+        block ``name``'s cache; with it the head is applied to the last position only (logits
+        [batch, 1, padded_vocab]), which is all incremental decoding reads.
+        """
+        h = tokens
+        if self.tok_embeddings is not None:
+            h = self.tok_embeddings(tokens) + self.pos_embeddings(position_ids)
+            h = self.embedding_dropout(h)
+        if kv_cache is None:
+            for layer in self.layers.values():
+                # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules.
+                h = checkpoint(layer, h, use_reentrant=False) if self.checkpoint_activations else layer(h)
+        else:
+            for name, layer in self.layers.items():
+                h = layer(h, kv_cache.layer(name))
+            if self.output is not None:
+                h = h[:, -1:]
+        if self.norm is not None:
+            h = self.norm(h)
+        if self.output is not None:
+            h = self.output(h)
+        return h

@@ -1,0 +1,190 @@
+"""`ParallelModel`: this rank's share of the GPT, parallelised, and its forward/backward over micro-batches.
+
+It hides the layout from the training loop: ``run(microbatches)`` returns the sum of this rank's
+micro-batch losses whether the model is one module, DDP, FSDP2, tensor-parallel or a pipeline stage.
+Parameter names are always full-model names, with the last pipeline stage's copy of the tied output
+weight named ``tok_embeddings.weight`` like the original, so optimiser state and checkpoints line up
+across layouts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import loss_parallel
+
+from trainer.config import ParallelismConfig
+from trainer.data import IGNORE_INDEX, MicroBatch
+from trainer.grads import sync_tied_embedding_grad
+from trainer.model import GPT, GPTShape
+from trainer.parallel_dims import ParallelDims
+from trainer.parallelize import apply_ac, apply_ddp, apply_fsdp, apply_tp
+from trainer.pipeline import build_schedule, split_stage, stage_ids_of_rank, tied_embedding_group
+
+TIED_WEIGHT_NAME = "tok_embeddings.weight"
+TIED_COPY_NAME = "output.weight"
+
+
+def _full(loss: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor (under loss_parallel it is a replicated DTensor)."""
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+class ParallelModel:
+    """This rank's model chunks, their parallel wrappers and, under pipelining, the schedule.
+
+    Every rank builds the full model from ``seed`` (identical init in every layout) before
+    splitting and sharding it.
+    """
+
+    def __init__(self, shape: GPTShape, dims: ParallelDims, mesh: DeviceMesh | None, parallelism: ParallelismConfig,
+                 device: torch.device, seed: int, checkpoint_activations: bool,
+                 autocast_dtype: torch.dtype | None) -> None:
+        self.dims = dims
+        self.device = device
+        self.autocast_dtype = autocast_dtype
+        self.loss_scale = 1.0
+        torch.manual_seed(seed)
+        with torch.device(device):
+            model = GPT(shape)
+        pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
+        self.uses_fsdp = dims.dp > 1 and (dims.tp > 1 or dims.pp > 1 or parallelism.use_distributed_optimizer)
+        if dims.pp > 1:
+            chunks = 1
+            if parallelism.pipeline_schedule == "interleaved":
+                chunks = shape.num_layers // (parallelism.num_layers_per_virtual_pipeline_stage * dims.pp)
+            num_stages = dims.pp * chunks
+            stage_ids = stage_ids_of_rank(pp_rank, dims.pp, chunks)
+            self.parts = [split_stage(model, stage_id, num_stages) for stage_id in stage_ids]
+            self.has_first_stage = stage_ids[0] == 0
+            self.has_last_stage = stage_ids[-1] == num_stages - 1
+        else:
+            self.parts = [model]
+            self.has_first_stage = self.has_last_stage = True
+        for part in self.parts:
+            if dims.tp > 1:
+                apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
+            if checkpoint_activations:
+                apply_ac(part)
+            if self.uses_fsdp:
+                apply_fsdp(part, mesh["dp"], reshard_after_forward=dims.pp == 1)
+        self.forward_module: nn.Module = self.parts[0]
+        if dims.dp > 1 and not self.uses_fsdp:
+            self.forward_module = apply_ddp(self.parts[0], mesh["dp"])
+        self.schedule = None
+        self.tied_group = None
+        if dims.pp > 1:
+            self.schedule = build_schedule(self.parts, stage_ids, num_stages, mesh["pp"], device,
+                                           dims.num_microbatches, parallelism.pipeline_schedule, self.loss_fn)
+            self.tied_group = tied_embedding_group(mesh)
+        self.pp_group = mesh.get_group("pp") if mesh is not None and dims.pp > 1 else None
+        self._named = self._collect_named_parameters()
+
+    # -- parameters ---------------------------------------------------------------------------------------
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """This rank's parameters, each once, under full-model names."""
+        return list(self._named)
+
+    def _collect_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        named: dict[str, nn.Parameter] = {}
+        for part in self.parts:
+            for name, param in part.named_parameters():
+                if name == TIED_COPY_NAME and part.tok_embeddings is None:
+                    name = TIED_WEIGHT_NAME
+                named[name] = param
+        return list(named.items())
+
+    def norm_parameters(self) -> list[nn.Parameter]:
+        """Parameters counted in the global gradient norm: the tied copy of the last stage is left out."""
+        if self.has_first_stage:
+            return [p for _, p in self.named_parameters()]
+        return [p for name, p in self.named_parameters() if name != TIED_WEIGHT_NAME]
+
+    def _tied_parameter(self) -> nn.Parameter | None:
+        return dict(self._named).get(TIED_WEIGHT_NAME)
+
+    # -- forward / backward -------------------------------------------------------------------------------
+
+    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over the unmasked tokens of a micro-batch, times the fp16 loss scale."""
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return loss * self.loss_scale
+
+    @contextlib.contextmanager
+    def _compute_context(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            if self.autocast_dtype is not None:
+                stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
+            if self.dims.tp > 1:
+                # The head's logits stay sharded over the vocabulary; forward and backward both need it.
+                stack.enter_context(loss_parallel())
+            yield
+
+    def set_train(self, mode: bool) -> None:
+        for part in self.parts:
+            part.train(mode)
+
+    def run(self, microbatches: list[MicroBatch], train: bool) -> tuple[torch.Tensor, bool]:
+        """Forward (and, if ``train``, backward) over one step's micro-batches.
+
+        Gradients accumulate as the mean over the micro-batches, scaled by ``loss_scale``.
+
+        Returns:
+            The sum of the unscaled micro-batch losses on this rank, and whether this rank holds
+            losses at all (under pipelining only the last stage does).
+        """
+        grad_context = contextlib.nullcontext() if train else torch.no_grad()
+        with grad_context:
+            if self.schedule is not None:
+                total = self._run_pipeline(microbatches, train)
+            else:
+                total = self._run_local(microbatches, train)
+        return total / self.loss_scale, self.has_last_stage
+
+    def _run_local(self, microbatches: list[MicroBatch], train: bool) -> torch.Tensor:
+        total = torch.zeros((), device=self.device)
+        count = len(microbatches)
+        for index, mb in enumerate(microbatches):
+            last = index == count - 1
+            with self._gradient_sync(enabled=last or not train), self._compute_context():
+                loss = self.loss_fn(self.forward_module(mb.tokens, mb.position_ids), mb.targets)
+                if train:
+                    (loss / count).backward()
+            total += _full(loss.detach())
+        return total
+
+    def _run_pipeline(self, microbatches: list[MicroBatch], train: bool) -> torch.Tensor:
+        args = ()
+        if self.has_first_stage:
+            args = (torch.cat([mb.tokens for mb in microbatches]), torch.cat([mb.position_ids for mb in microbatches]))
+        kwargs: dict = {}
+        losses: list[torch.Tensor] = []
+        if self.has_last_stage:
+            kwargs = {"target": torch.cat([mb.targets for mb in microbatches]), "losses": losses}
+        with self._compute_context():
+            if train:
+                self.schedule.step(*args, return_outputs=False, **kwargs)
+            else:
+                self.schedule.eval(*args, return_outputs=False, **kwargs)
+        if train:
+            sync_tied_embedding_grad(self._tied_parameter(), self.tied_group)
+        total = torch.zeros((), device=self.device)
+        for loss in losses:
+            total += _full(loss.detach())
+        return total
+
+    def _gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
+        """Skip the data-parallel gradient reduction on all but the last accumulation micro-batch."""
+        if self.uses_fsdp:
+            for part in self.parts:
+                part.set_requires_gradient_sync(enabled)
+        elif not enabled and self.forward_module is not self.parts[0]:
+            return self.forward_module.no_sync()
+        return contextlib.nullcontext()

@@ -1,0 +1,271 @@
+"""`train(config)`: the training loop behind the ``train`` command.
+
+One process or many (under torchrun, ``train --num-gpus-per-node N``, or a process group the caller
+already set up): the loop is the same; the layout lives in `trainer.runner.ParallelModel`.
+
+    from trainer.config import TrainConfig, ModelConfig, DataConfig, TrainingConfig
+    result = train(TrainConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
+                                                 seq_length=64, vocab_size=1024),
+                               data=DataConfig(dataset=["data/my_text_document"]),
+                               training=TrainingConfig(micro_batch_size=4, train_iters=20, device="cpu")))
+    result.losses  # one mean loss per step
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from trainer.checkpoint import latest_iteration, load_checkpoint, save_checkpoint
+from trainer.config import TrainConfig
+from trainer.data import Prefetcher, Vocabulary, build_datasets, resolve_vocabulary, step_iterator
+from trainer.distributed import DistContext, init_distributed, resolve_device_type
+from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
+from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops, model_flops_per_token
+from trainer.model import GPT, GPTShape
+from trainer.optim import LossScaler, LRSchedule, build_optimizer, init_optimizer_state, set_lr
+from trainer.parallel_dims import ParallelDims, pad_vocab_size, resolve_parallel_dims
+from trainer.runner import ParallelModel
+
+logger = logging.getLogger(__name__)
+
+METRICS_FILE_NAME = "metrics.jsonl"
+# Megatron seeds each pipeline stage differently so dropout masks differ between stages.
+PIPELINE_SEED_STRIDE = 100
+
+
+@dataclass(slots=True)
+class TrainResult:
+    """What a run did (the same on every rank)."""
+
+    iteration: int
+    """Last completed step."""
+    consumed_samples: int
+    losses: list[float] = field(default_factory=list)
+    """Mean training loss of each step this call ran."""
+    grad_norms: list[float] = field(default_factory=list)
+    """Global gradient norm of each step this call ran."""
+    eval_losses: dict[str, float] = field(default_factory=dict)
+    """Latest loss per evaluated split ("valid", "test")."""
+
+
+def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
+    """The model's dimensions with the vocabulary padded for ``tp``."""
+    m = config.model
+    return GPTShape(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
+                    ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.max_position_embeddings,
+                    padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
+                    hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
+                    init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon)
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train as ``config`` says; returns after ``train_iters`` steps (saving first if asked).
+
+    Raises:
+        TrainConfigError: a layout rule, the data or the vocabulary is wrong (raised on every rank
+            before the first collective).
+        CheckpointError: the checkpoint to resume from is broken or belongs to another model.
+    """
+    device_type = resolve_device_type(config.training.device)
+    ctx = init_distributed(device_type)
+    try:
+        return _Run(config, ctx).train()
+    finally:
+        if ctx.owns_process_group:
+            dist.destroy_process_group()
+
+
+class _Run:
+    """Everything one training run holds; built in `__init__`, driven by `train`."""
+
+    def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
+        self.config, self.ctx = config, ctx
+        # Everything that can fail on bad input happens before the first collective (mesh creation).
+        self.vocabulary: Vocabulary = resolve_vocabulary(config.data, config.model.vocab_size)
+        self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size)
+        self.shape = model_shape(config, self.vocabulary.size, self.dims.tp)
+        gbs = self.dims.global_batch_size
+        evals = config.logging.eval_iters * gbs
+        self.train_ds, self.valid_ds, self.test_ds = build_datasets(
+            config.data, config.model.seq_length, self.vocabulary, (config.training.train_iters * gbs, evals, evals))
+        self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
+        coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
+        self.dp_rank = coords["dp"]
+        precision = config.precision
+        autocast = torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else None
+        self.model = ParallelModel(self.shape, self.dims, self.mesh, config.parallelism, ctx.device, config.data.seed,
+                                   config.training.checkpoint_activations, autocast)
+        torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
+        self.params = [p for _, p in self.model.named_parameters()]
+        uses_dtensors = self.dims.tp > 1 or self.model.uses_fsdp
+        self.optimizer = build_optimizer(self.model.named_parameters(), config.optimizer,
+                                         foreach=False if uses_dtensors else None)
+        self.lr_schedule = LRSchedule.from_config(config.optimizer, config.training.train_iters)
+        self.scaler = LossScaler(precision)
+        self.iteration = self.consumed_samples = self.skipped = 0
+        if config.checkpoint.load is not None:
+            self._load()
+        metrics_file = config.logging.metrics_file or str(Path(config.checkpoint.save or ".") / METRICS_FILE_NAME)
+        self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0)
+        self.flops_per_token = model_flops_per_token(self.shape, config.model.seq_length)
+        self.peak_flops = device_peak_flops(ctx.device, autocast is not None)
+
+    # -- checkpoints ------------------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, torch.Tensor]:
+        """Everything a checkpoint holds, as tensors under layout-independent names."""
+        state: dict[str, torch.Tensor] = {}
+        for name, param in self.model.named_parameters():
+            state[f"model.{name}"] = param.detach()
+            for key, value in self.optimizer.state[param].items():
+                state[f"optim.{name}.{key}"] = value
+        counters = {"iteration": self.iteration, "consumed_samples": self.consumed_samples,
+                    "skipped_iterations": self.skipped}
+        state |= {f"train.{k}": torch.tensor(v, dtype=torch.int64) for k, v in counters.items()}
+        state |= {f"loss_scaler.{k}": v for k, v in self.scaler.state_dict().items()}
+        state[f"rng.rank{self.ctx.rank}.cpu"] = torch.get_rng_state()
+        if self.ctx.device.type == "cuda":
+            state[f"rng.rank{self.ctx.rank}.cuda"] = torch.cuda.get_rng_state(self.ctx.device)
+        return state
+
+    def _save(self) -> None:
+        init_optimizer_state(self.optimizer)
+        save_checkpoint(self.config.checkpoint.save, self.iteration, self._state())
+
+    def _load(self) -> None:
+        root = self.config.checkpoint.load
+        iteration = latest_iteration(root)
+        if iteration is None:
+            logger.warning("no checkpoint in %s: training from scratch", root)
+            return
+        init_optimizer_state(self.optimizer)
+        state = self._state()
+        rng_names = frozenset(name for name in state if name.startswith("rng."))
+        with torch.device("meta"):
+            model_names = frozenset(f"model.{name}" for name, _ in GPT(self.shape).named_parameters())
+        loaded = load_checkpoint(root, iteration, state, optional=rng_names, model_names=model_names)
+        self.iteration = int(state["train.iteration"])
+        self.consumed_samples = int(state["train.consumed_samples"])
+        self.skipped = int(state["train.skipped_iterations"])
+        self.scaler.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("loss_scaler.")})
+        for name in rng_names & loaded:
+            if name.endswith(".cpu"):
+                torch.set_rng_state(state[name])
+            else:
+                torch.cuda.set_rng_state(state[name], self.ctx.device)
+        if self.ctx.rank == 0:
+            logger.info("resuming from iteration %d (%d samples consumed)", self.iteration, self.consumed_samples)
+
+    # -- steps ------------------------------------------------------------------------------------------
+
+    def _step(self, microbatches) -> tuple[float, float]:
+        """One optimiser step; returns (mean loss, gradient norm)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.loss_scale = self.scaler.scale
+        loss_sum, holds_loss = self.model.run(microbatches, train=True)
+        norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
+        if math.isfinite(norm):
+            factor = clip_factor(norm, self.config.optimizer.clip_grad)
+            scale_grads(self.params, factor / self.scaler.scale)
+            self.optimizer.step()
+        else:
+            self.skipped += 1
+        self.scaler.update(found_inf=not math.isfinite(norm))
+        loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
+        return loss, norm
+
+    def evaluate(self, dataset, split: str) -> float | None:
+        """Mean loss over ``eval_iters`` global batches of ``dataset`` (from its first sample)."""
+        if dataset is None or self.config.logging.eval_iters == 0:
+            return None
+        batches = step_iterator(dataset, 0, self.dims.micro_batch_size, self.dims.num_microbatches, self.dp_rank,
+                                self.dims.dp, self.vocabulary.size)
+        self.model.set_train(False)
+        self.model.loss_scale = 1.0
+        total = 0.0
+        for _, microbatches in zip(range(self.config.logging.eval_iters), batches):
+            loss_sum, holds_loss = self.model.run([mb.to(self.ctx.device) for mb in microbatches], train=False)
+            total += reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
+        self.model.set_train(True)
+        loss = total / self.config.logging.eval_iters
+        self.writer.evaluation(self.iteration, split, loss)
+        return loss
+
+    def train(self) -> TrainResult:
+        cfg = self.config
+        result = TrainResult(iteration=self.iteration, consumed_samples=self.consumed_samples)
+        gbs, train_iters = self.dims.global_batch_size, cfg.training.train_iters
+        batches = Prefetcher(step_iterator(self.train_ds, self.consumed_samples, self.dims.micro_batch_size,
+                                           self.dims.num_microbatches, self.dp_rank, self.dims.dp, self.vocabulary.size))
+        window = _Window()
+        self.model.set_train(True)
+        try:
+            while self.iteration < train_iters:
+                start = time.perf_counter()
+                microbatches = [mb.to(self.ctx.device) for mb in next(batches)]
+                data_time = time.perf_counter() - start
+                self.iteration += 1
+                lr = self.lr_schedule(self.iteration)
+                set_lr(self.optimizer, lr)
+                loss, norm = self._step(microbatches)
+                self.consumed_samples += gbs
+                result.losses.append(loss)
+                result.grad_norms.append(norm)
+                window.add(loss, norm, time.perf_counter() - start, data_time)
+                if self.iteration % cfg.logging.log_interval == 0 or self.iteration == train_iters:
+                    self.writer.train(self._stats(window, lr))
+                    window = _Window()
+                if self.iteration % cfg.logging.eval_interval == 0 and self.iteration < train_iters:
+                    self.evaluate(self.valid_ds, "valid")
+                if cfg.checkpoint.save and cfg.checkpoint.save_interval and \
+                        self.iteration % cfg.checkpoint.save_interval == 0 and self.iteration < train_iters:
+                    self._save()
+        finally:
+            batches.close()
+        if cfg.checkpoint.save and self.iteration > result.iteration:
+            self._save()
+        for split, dataset in (("valid", self.valid_ds), ("test", self.test_ds)):
+            loss = self.evaluate(dataset, split)
+            if loss is not None:
+                result.eval_losses[split] = loss
+        self.writer.close()
+        result.iteration, result.consumed_samples = self.iteration, self.consumed_samples
+        return result
+
+    def _stats(self, window: _Window, lr: float) -> TrainStats:
+        seconds = window.seconds / window.count
+        tokens_per_second = self.dims.global_batch_size * self.config.model.seq_length / seconds
+        flops_per_device = tokens_per_second * self.flops_per_token / self.ctx.world_size
+        return TrainStats(
+            iteration=self.iteration, train_iters=self.config.training.train_iters,
+            consumed_samples=self.consumed_samples, global_batch_size=self.dims.global_batch_size, lr=lr,
+            loss=window.loss / window.count, grad_norm=window.grad_norm / window.count, loss_scale=self.scaler.scale,
+            skipped_iterations=self.skipped, ms_per_iteration=1000 * seconds,
+            data_ms_per_iteration=1000 * window.data_seconds / window.count, tokens_per_second=tokens_per_second,
+            tflops_per_device=flops_per_device / 1e12,
+            mfu=flops_per_device / self.peak_flops if self.peak_flops else None)
+
+
+@dataclass(slots=True)
+class _Window:
+    """Sums over the steps since the last log line."""
+
+    count: int = 0
+    loss: float = 0.0
+    grad_norm: float = 0.0
+    seconds: float = 0.0
+    data_seconds: float = 0.0
+
+    def add(self, loss: float, grad_norm: float, seconds: float, data_seconds: float) -> None:
+        self.count += 1
+        self.loss += loss
+        self.grad_norm += grad_norm
+        self.seconds += seconds
+        self.data_seconds += data_seconds
