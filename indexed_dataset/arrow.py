@@ -37,13 +37,13 @@ from .formats import (
     FIELD_TYPES,
     DocumentBatch,
     RowDocumentsReader,
-    RowShardWriter,
     check_document_batch,
     check_fields,
     check_row_layout,
     infer_field_types,
     row_structure,
 )
+from .protocol import TokenWriter
 
 # save_to_disk's default `max_shard_size` is 500 MB.
 DEFAULT_SHARD_SIZE = 500 * 10**6
@@ -89,7 +89,7 @@ def _write_json(path: str, content: dict) -> None:
     os.replace(temporary, path)
 
 
-class ArrowWriter(RowShardWriter):
+class ArrowWriter(TokenWriter):
     """Streams documents into a `save_to_disk`-style directory.
 
     Args:
@@ -356,6 +356,8 @@ class ArrowReader(RowDocumentsReader):
             files = [os.path.join(self.path, name) for name in names]
         else:
             files = [self.path]
+        self.paths = files
+        """The `.arrow` data files, in order."""
         tables = [_open_table(file) for file in files]
         try:
             self._table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]

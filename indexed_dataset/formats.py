@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from .errors import ShardFormatError, TokenmillError, TokenRangeError
+from .protocol import SequenceCounts
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
@@ -178,7 +179,7 @@ def row_structure(
     return np.asarray(row_sequence_lengths, dtype=np.int32), document_indices
 
 
-class RowDocumentsReader(abc.ABC):
+class RowDocumentsReader(SequenceCounts, abc.ABC):
     """Sequence-level reading shared by the row-per-document readers (Arrow, MindRecord).
 
     Subclasses set `path`, `dtype`, `sequence_lengths` and `document_indices`, call `_build_offsets()`,
@@ -199,19 +200,8 @@ class RowDocumentsReader(abc.ABC):
         """The tokens of rows `[first, last)`, concatenated."""
 
     @property
-    def num_sequences(self) -> int:
-        return len(self.sequence_lengths)
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.document_indices) - 1
-
-    @property
     def num_tokens(self) -> int:
         return int(self._sequence_offsets[-1])
-
-    def __len__(self) -> int:
-        return self.num_sequences
 
     def __getitem__(self, index: int | slice) -> np.ndarray | list[np.ndarray]:
         """Sequence `index` (a decoded copy), or a list of them for a step-1 slice."""
@@ -251,64 +241,6 @@ class RowDocumentsReader(abc.ABC):
             self.sequence_lengths[first_sequence:last_sequence].astype(np.int64),
             np.diff(self.document_indices[first : last + 1]),
         )
-
-
-class RowShardWriter(abc.ABC):
-    """What the Arrow and MindRecord writers share with `IndexedDatasetWriter`'s protocol: one-document
-    appends, `finalize()` (which aborts if it fails), `abort()`, and the context manager (finalize on
-    success, abort on an exception). Subclasses set `path`, implement `add_documents`, `_finish`
-    (write and rename everything) and `_discard` (remove the temporaries)."""
-
-    path: str
-    _closed: bool = False
-
-    def add_document(self, ids: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray) -> None:
-        """Append one document made of `len(lengths)` sequences whose tokens are `ids`, concatenated."""
-        self.add_documents(np.asarray(ids), np.asarray(lengths), np.array([len(lengths)]))
-
-    @abc.abstractmethod
-    def add_documents(
-        self, tokens: np.ndarray, sequence_lengths: np.ndarray, document_sequence_counts: np.ndarray
-    ) -> None:
-        """Append many documents: flat tokens, per-sequence lengths, per-document sequence counts."""
-
-    @abc.abstractmethod
-    def _finish(self) -> None:
-        """Write what is still buffered and move every file to its final name."""
-
-    @abc.abstractmethod
-    def _discard(self) -> None:
-        """Remove every temporary file."""
-
-    def _check_open(self) -> None:
-        if self._closed:
-            raise TokenmillError(f"{self.path}: writer already closed")
-
-    def finalize(self) -> None:
-        """Finish the dataset; if that fails, nothing is left under the final names."""
-        self._check_open()
-        try:
-            self._finish()
-        except BaseException:
-            self.abort()
-            raise
-        self._closed = True
-
-    def abort(self) -> None:
-        """Drop everything written so far; the final paths are left untouched."""
-        if self._closed:
-            return
-        self._closed = True
-        self._discard()
-
-    def __enter__(self) -> "RowShardWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:
-            self.finalize()
-        else:
-            self.abort()
 
 
 def read_documents(reader: Any, first: int, last: int) -> DocumentBatch:

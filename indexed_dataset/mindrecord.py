@@ -41,10 +41,10 @@ from .compress_int import compress_int_into, compress_int_sizes
 from .errors import TokenmillError
 from .formats import (
     DocumentBatch,
-    RowShardWriter,
     check_document_batch,
     check_row_layout,
 )
+from .protocol import TokenWriter
 
 logger = logging.getLogger(__name__)
 
@@ -240,7 +240,7 @@ def _page(shard_id: int, page_id: int, kind: str, type_id: int, size: int, group
     }
 
 
-class MindRecordWriter(RowShardWriter):
+class MindRecordWriter(TokenWriter):
     """Streams documents into MindRecord shards, one row per document (`input_ids` int32 or int64).
 
     Args:

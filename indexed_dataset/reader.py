@@ -33,6 +33,7 @@ from .format import (
     sequence_pointers,
     strip_suffix,
 )
+from .protocol import SequenceCounts
 
 
 def _map_file(path: str) -> Union[mmap.mmap, bytes]:
@@ -43,7 +44,7 @@ def _map_file(path: str) -> Union[mmap.mmap, bytes]:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
-class IndexedDataset:
+class IndexedDataset(SequenceCounts):
     """A read-only, memory-mapped view of one `.bin/.idx` pair.
 
     Args:
@@ -123,22 +124,9 @@ class IndexedDataset:
         self.tokens = np.frombuffer(self._bin_map, self.dtype, bin_size // self.dtype.itemsize)
 
     @property
-    def num_sequences(self) -> int:
-        """Number of sequences S (sentences with --split-sentences, else documents)."""
-        return len(self.sequence_lengths)
-
-    @property
-    def num_documents(self) -> int:
-        """Number of documents D (the document index holds D + 1 entries)."""
-        return len(self.document_indices) - 1
-
-    @property
     def num_tokens(self) -> int:
         """Total number of tokens in `.bin`."""
         return len(self.tokens)
-
-    def __len__(self) -> int:
-        return self.num_sequences
 
     def __getitem__(self, index: Union[int, slice]) -> Union[np.ndarray, list[np.ndarray]]:
         """Sequence `index` as a zero-copy view, or a list of views for a step-1 slice."""

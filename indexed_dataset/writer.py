@@ -29,6 +29,7 @@ from .format import (
     pack_index_header,
     sequence_pointers,
 )
+from .protocol import TokenWriter
 from .reader import IndexedDataset
 
 # Large buffered writes: the .bin stream is the only place tokens pass through.
@@ -76,7 +77,7 @@ def _temporary_path(final_path: str) -> str:
     return path
 
 
-class IndexedDatasetWriter:
+class IndexedDatasetWriter(TokenWriter):
     """Writes one `.bin/.idx` pair, streaming tokens to disk.
 
     Args:
@@ -89,6 +90,7 @@ class IndexedDatasetWriter:
 
     def __init__(self, prefix: str, dtype: np.dtype | type) -> None:
         self.prefix = str(prefix)
+        self.path = self.prefix
         self.dtype = np.dtype(dtype).newbyteorder("<")
         DType.code_of(self.dtype)  # fail now, not at finalize, for a dtype the format cannot hold
         self._limits = np.iinfo(self.dtype) if self.dtype.kind in "iu" else None
@@ -99,7 +101,7 @@ class IndexedDatasetWriter:
         self._bin = open(self._bin_tmp, "wb", buffering=BIN_WRITE_BUFFER_BYTES)
         self._lengths = _GrowableArray(SEQUENCE_LENGTH_DTYPE)
         self._document_indices = _GrowableArray(DOCUMENT_INDEX_DTYPE, [0])
-        self._closed = False
+        self._idx_tmp: str | None = None
 
     # ----------------------------------------------------------------------------------------- adding
     @property
@@ -141,15 +143,6 @@ class IndexedDatasetWriter:
         """Close the open document (with no sequences added since the last close, an empty document)."""
         self._document_indices.extend(np.array([self.num_sequences], dtype=DOCUMENT_INDEX_DTYPE))
 
-    def add_document(self, ids: np.ndarray | Sequence[int], lengths: Sequence[int] | np.ndarray) -> None:
-        """Append one document made of `len(lengths)` sequences whose tokens are `ids`, concatenated."""
-        lengths = np.asarray(lengths, dtype=np.int64)
-        ids = np.asarray(ids)
-        if int(lengths.sum()) != len(ids):
-            raise ValueError(f"sequence lengths add up to {int(lengths.sum())}, but {len(ids)} ids were given")
-        self._write_tokens(ids, lengths)
-        self.end_document()
-
     def add_documents(
         self, tokens: np.ndarray, sequence_lengths: np.ndarray, document_sequence_counts: np.ndarray
     ) -> None:
@@ -189,48 +182,26 @@ class IndexedDatasetWriter:
             shutil.copyfileobj(f, self._bin, BIN_WRITE_BUFFER_BYTES)
 
     # ------------------------------------------------------------------------------------- finishing
-    def finalize(self) -> None:
-        """Write the index and move both files into place. Open documents are closed first."""
-        if self._closed:
-            raise TokenmillError(f"{self.prefix}: writer already closed")
-        idx_tmp = None
-        try:
-            if self._document_indices.last() != self.num_sequences:
-                self.end_document()
-            self._bin.close()
-            lengths = self._lengths.view()
-            idx_tmp = _temporary_path(index_file_path(self.prefix))
-            with open(idx_tmp, "wb") as f:
-                f.write(pack_index_header(self.dtype, len(lengths), len(self._document_indices)))
-                f.write(memoryview(lengths))
-                f.write(memoryview(sequence_pointers(lengths, self.dtype.itemsize)))
-                f.write(memoryview(self._document_indices.view()))
-            # The .idx appears last: until it does, no reader takes the pair for complete.
-            if os.path.exists(index_file_path(self.prefix)):
-                os.remove(index_file_path(self.prefix))
-            os.replace(self._bin_tmp, data_file_path(self.prefix))
-            os.replace(idx_tmp, index_file_path(self.prefix))
-        except BaseException:
-            self.abort()
-            if idx_tmp and os.path.exists(idx_tmp):
-                os.remove(idx_tmp)
-            raise
-        self._closed = True
-
-    def abort(self) -> None:
-        """Drop everything written so far; the final paths are left untouched."""
-        if self._closed:
-            return
-        self._closed = True
+    def _finish(self) -> None:
+        """Write the index and move both files into place, closing an open document first."""
+        if self._document_indices.last() != self.num_sequences:
+            self.end_document()
         self._bin.close()
-        if os.path.exists(self._bin_tmp):
-            os.remove(self._bin_tmp)
+        lengths = self._lengths.view()
+        self._idx_tmp = _temporary_path(index_file_path(self.prefix))
+        with open(self._idx_tmp, "wb") as f:
+            f.write(pack_index_header(self.dtype, len(lengths), len(self._document_indices)))
+            f.write(memoryview(lengths))
+            f.write(memoryview(sequence_pointers(lengths, self.dtype.itemsize)))
+            f.write(memoryview(self._document_indices.view()))
+        # The .idx appears last: until it does, no reader takes the pair for complete.
+        if os.path.exists(index_file_path(self.prefix)):
+            os.remove(index_file_path(self.prefix))
+        os.replace(self._bin_tmp, data_file_path(self.prefix))
+        os.replace(self._idx_tmp, index_file_path(self.prefix))
 
-    def __enter__(self) -> "IndexedDatasetWriter":
-        return self
-
-    def __exit__(self, exc_type, exc, traceback) -> None:
-        if exc_type is None:
-            self.finalize()
-        else:
-            self.abort()
+    def _discard(self) -> None:
+        self._bin.close()
+        for temporary in (self._bin_tmp, self._idx_tmp):
+            if temporary and os.path.exists(temporary):
+                os.remove(temporary)

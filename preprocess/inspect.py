@@ -1,8 +1,11 @@
-"""What is inside a `.bin/.idx` pair: header, counts, length statistics, max token id, decoded text.
+"""What is inside a token dataset: header, counts, length statistics, max token id, decoded text.
 
     from preprocess.inspect import inspect_dataset
     report = inspect_dataset("out/corpus_text_document")   # or the .bin/.idx path
     report.tokens, report.max_token_id, report.sequence_lengths.p99
+    inspect_dataset("out/corpus_text_document_arrow")      # Arrow (save_to_disk) and MindRecord too
+
+Every format is opened through `indexed_dataset.open_reader`, so the same facts come out of each.
 """
 
 from __future__ import annotations
@@ -12,12 +15,16 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from indexed_dataset import IndexedDataset, TokenmillError
+from indexed_dataset import TokenmillError, format_of, open_reader
 from indexed_dataset.format import INDEX_VERSION
+from indexed_dataset.mindrecord_reader import read_header
 
 from .tokenizers import Tokenizer
 
 P99 = 99
+# Row formats are scanned for their max id and validated in blocks of this many documents (bounded memory).
+SCAN_DOCUMENTS = 65536
+ARROW_METADATA_FILES = ("state.json", "dataset_info.json")
 
 
 @dataclass(frozen=True)
@@ -43,7 +50,8 @@ class DatasetReport:
     """The facts `inspect-index` prints; `max_token_id` is -1 for a dataset without tokens."""
 
     prefix: str
-    version: int
+    format: str
+    version: str
     dtype: str
     sequences: int
     documents: int
@@ -52,14 +60,45 @@ class DatasetReport:
     sequence_lengths: LengthStats
     document_lengths: LengthStats
     max_token_id: int
-    bin_bytes: int
-    idx_bytes: int
+    files: dict[str, int]
+    """Bytes of each file the dataset is made of."""
 
     def as_dict(self) -> dict:
         return asdict(self)
 
 
-def document_token_counts(dataset: IndexedDataset) -> np.ndarray:
+def dataset_files(fmt: str, dataset) -> list[str]:
+    """The files a dataset of format `fmt` is made of."""
+    if fmt == "mmap":
+        return [dataset.bin_path, dataset.idx_path]
+    if fmt == "mindrecord":
+        return [file for path in dataset.paths for file in (path, path + ".db")]
+    metadata = [os.path.join(dataset.path, name) for name in ARROW_METADATA_FILES] if os.path.isdir(dataset.path) else []
+    return list(dataset.paths) + metadata
+
+
+def format_version(fmt: str, dataset) -> str:
+    """The on-disk version: the MMIDIDX index version, or the MindRecord header's."""
+    if fmt == "mmap":
+        return str(INDEX_VERSION)
+    if fmt == "mindrecord":
+        return str(read_header(dataset.paths[0])["version"])
+    return "save_to_disk"
+
+
+def scan_tokens(fmt: str, dataset) -> int:
+    """The largest token id (-1 for no tokens), reading every document once in bounded blocks."""
+    if fmt == "mmap":
+        return int(dataset.tokens.max()) if len(dataset.tokens) else -1
+    largest = -1
+    for first in range(0, dataset.num_documents, SCAN_DOCUMENTS):
+        tokens = dataset.read_documents(first, min(first + SCAN_DOCUMENTS, dataset.num_documents)).tokens
+        if len(tokens):
+            largest = max(largest, int(tokens.max()))
+    return largest
+
+
+def document_token_counts(dataset) -> np.ndarray:
     """int64 [D], tokens per document (sum of its sequences' lengths)."""
     cumulative = np.zeros(dataset.num_sequences + 1, dtype=np.int64)
     np.cumsum(dataset.sequence_lengths, out=cumulative[1:])
@@ -67,16 +106,22 @@ def document_token_counts(dataset: IndexedDataset) -> np.ndarray:
 
 
 def inspect_dataset(path: str) -> DatasetReport:
-    """Read a dataset's header and arrays and summarise them (one pass over `.bin` for the max id).
+    """Read a dataset's header and arrays and summarise them (one pass over the tokens for the max id).
+
+    Args:
+        path: an mmap prefix (or its `.bin`/`.idx`), an Arrow `save_to_disk` folder or `.arrow` file, or a
+            MindRecord file.
 
     Raises:
-        IndexFormatError: a file is missing or damaged.
+        TokenmillError: a file is missing or damaged (IndexFormatError, ShardFormatError).
     """
-    dataset = IndexedDataset(path)
+    fmt = format_of(path)
+    dataset = open_reader(path, fmt)
     documents = document_token_counts(dataset)
     return DatasetReport(
-        prefix=dataset.prefix,
-        version=INDEX_VERSION,
+        prefix=getattr(dataset, "prefix", path),
+        format=fmt,
+        version=format_version(fmt, dataset),
         dtype=dataset.dtype.name,
         sequences=dataset.num_sequences,
         documents=dataset.num_documents,
@@ -84,9 +129,8 @@ def inspect_dataset(path: str) -> DatasetReport:
         tokens=int(dataset.num_tokens),
         sequence_lengths=LengthStats.of(dataset.sequence_lengths),
         document_lengths=LengthStats.of(documents),
-        max_token_id=int(dataset.tokens.max()) if len(dataset.tokens) else -1,
-        bin_bytes=os.path.getsize(dataset.bin_path),
-        idx_bytes=os.path.getsize(dataset.idx_path),
+        max_token_id=scan_tokens(fmt, dataset),
+        files={file: os.path.getsize(file) for file in dataset_files(fmt, dataset)},
     )
 
 
@@ -97,14 +141,14 @@ def validate_dataset(path: str, tokenizer: Tokenizer | None = None) -> None:
         IndexFormatError: the files are damaged or inconsistent.
         TokenmillError: a token id is outside the tokenizer's vocabulary.
     """
-    dataset = IndexedDataset(path)
-    dataset.validate()
-    if tokenizer is not None and len(dataset.tokens):
-        max_id = int(dataset.tokens.max())
-        if max_id >= tokenizer.vocab_size:
-            raise TokenmillError(
-                f"{dataset.bin_path}: token id {max_id} >= the tokenizer's vocab size {tokenizer.vocab_size}"
-            )
+    fmt = format_of(path)
+    dataset = open_reader(path, fmt)
+    if fmt == "mmap":
+        dataset.validate()
+    # Row formats are checked by decoding every row: the readers verify each row's framing and size.
+    max_id = scan_tokens(fmt, dataset)
+    if tokenizer is not None and max_id >= tokenizer.vocab_size:
+        raise TokenmillError(f"{path}: token id {max_id} >= the tokenizer's vocab size {tokenizer.vocab_size}")
 
 
 def decode_documents(path: str, tokenizer: Tokenizer, indices: list[int]) -> dict[int, str]:
@@ -113,8 +157,8 @@ def decode_documents(path: str, tokenizer: Tokenizer, indices: list[int]) -> dic
     Raises:
         TokenmillError: a document index is out of range.
     """
-    dataset = IndexedDataset(path)
+    dataset = open_reader(path)
     for index in indices:
         if not 0 <= index < dataset.num_documents:
-            raise TokenmillError(f"{dataset.prefix}: document {index} out of range [0, {dataset.num_documents})")
+            raise TokenmillError(f"{path}: document {index} out of range [0, {dataset.num_documents})")
     return {index: tokenizer.decode(dataset.document(index)) for index in indices}
