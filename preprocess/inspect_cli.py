@@ -15,12 +15,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 from dataclasses import dataclass
 
 from .cli_common import run_command
+from .errors import TokenizerError
 from .inspect import DatasetReport, decode_documents, inspect_dataset, validate_dataset
 from .tokenizers import TokenizerConfig, build_tokenizer
-from .training_view import DEFAULT_SEED, DEFAULT_SPLIT, TrainingViewConfig, format_training_view, training_view
+from .training_view import (
+    DEFAULT_DECODER_SEQ_LENGTH,
+    DEFAULT_SEED,
+    DEFAULT_SPLIT,
+    DEFAULT_VOCAB_EXTRA_IDS,
+    MODEL_KINDS,
+    TrainingViewConfig,
+    format_t5_training_view,
+    format_training_view,
+    t5_training_view,
+    training_view,
+)
 from .tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
 
 PROG = "inspect-index"
@@ -74,6 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--samples", type=_parse_indices, default=[0], metavar="I,J,...",
                           help="samples to show per split, negative from the end (default 0)")
     training.add_argument("--data-cache-path", help="index cache directory (default: index-cache/ beside the data)")
+    training.add_argument("--model", choices=MODEL_KINDS, default="gpt",
+                          help="show a T5 run's span-corruption samples (sentence-split data, needs the tokenizer; "
+                               "--seq-length is the encoder length)")
+    training.add_argument("--decoder-seq-length", type=int, default=DEFAULT_DECODER_SEQ_LENGTH,
+                          help=f"T5 decoder positions (default {DEFAULT_DECODER_SEQ_LENGTH})")
+    training.add_argument("--vocab-extra-ids", type=int, default=DEFAULT_VOCAB_EXTRA_IDS,
+                          help=f"T5 sentinels added to a vocabulary without any (default {DEFAULT_VOCAB_EXTRA_IDS})")
     add_tokenizer_arguments(parser, required=False)
     return parser
 
@@ -83,19 +103,21 @@ def _training_config(args: argparse.Namespace) -> TrainingViewConfig | None:
         return None
     sizes = args.num_samples or [args.train_samples, args.valid_samples, args.test_samples]
     return TrainingViewConfig(sequence_length=args.seq_length, split=args.split, seed=args.seed, sizes=tuple(sizes),
-                              sample_ids=tuple(args.samples), path_to_cache=args.data_cache_path)
+                              sample_ids=tuple(args.samples), path_to_cache=args.data_cache_path, model=args.model,
+                              decoder_sequence_length=args.decoder_seq_length, vocab_extra_ids=args.vocab_extra_ids)
 
 
 def _format(report: DatasetReport) -> str:
     lines = [
         f"dataset         {report.prefix}",
+        f"format          {report.format}",
         f"version         {report.version}",
         f"dtype           {report.dtype}",
         f"sequences       {report.sequences}",
         f"documents       {report.documents} ({report.empty_documents} empty)",
         f"tokens          {report.tokens}",
         f"max id          {report.max_token_id}",
-        f"bytes           .bin {report.bin_bytes}, .idx {report.idx_bytes}",
+        "bytes           " + ", ".join(f"{os.path.basename(name)} {size}" for name, size in report.files.items()),
     ]
     for name, stats in (("sequence", report.sequence_lengths), ("document", report.document_lengths)):
         lines.append(f"{name + ' length':<16}min {stats.min}, mean {stats.mean:.1f}, median {stats.median:.1f}, "
@@ -110,7 +132,13 @@ def run_inspect(config: InspectConfig) -> int:
     if config.validate:
         validate_dataset(config.path, tokenizer)
     decoded = decode_documents(config.path, tokenizer, list(config.documents)) if config.documents else {}
-    view = training_view(report.prefix, config.training, tokenizer) if config.training is not None else None
+    view = None
+    if config.training is not None and config.training.model == "t5":
+        if tokenizer is None:
+            raise TokenizerError("--model t5 needs the tokenizer (its pad, EOS and sentinel ids)")
+        view = t5_training_view(report.prefix, config.training, tokenizer, config.tokenizer.tokenizer_type)
+    elif config.training is not None:
+        view = training_view(report.prefix, config.training, tokenizer)
     if config.as_json:
         output = report.as_dict()
         if config.validate:
@@ -127,7 +155,8 @@ def run_inspect(config: InspectConfig) -> int:
         for index, text in decoded.items():
             print(f"--- document {index} ---\n{text}")
         if view is not None:
-            print(format_training_view(view, config.training))
+            formatter = format_t5_training_view if config.training.model == "t5" else format_training_view
+            print(formatter(view, config.training))
     return 0
 
 

@@ -1,11 +1,14 @@
-"""The training view of `inspect-index`: what a GPT run with a sequence length, split and seed will see.
+"""The training view of `inspect-index`: what a GPT or T5 run with a sequence length, split and seed will see.
 
     inspect-index data/corpus_text_document --seq-length 2048 --split 949,50,1 --seed 1234 \
         --train-samples 100000 --samples 0,1,-1 --tokenizer-type GPT2BPETokenizer ...
+    inspect-index data/corpus_text_sentence --model t5 --seq-length 512 --decoder-seq-length 128 \
+        --vocab-extra-ids 100 --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model spiece.model
 
 This is the one place the `preprocess` room reaches up into `samplers`: the user-facing inspect
 command shows the training view, while the index math (splits, epochs, shuffles) stays in
-`samplers.inspect.inspect_splits`. `samplers` is imported inside `training_view` only, so the rest
+`samplers.inspect.inspect_splits` (T5: `samplers.t5_dataset.inspect_t5_splits`). `samplers` is
+imported inside the view functions only, so the rest
 of the room (and `preprocess-data`) never loads it.
 
 The index cache is the one training uses: `--data-cache-path` when given, else `index-cache/` beside
@@ -19,12 +22,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .tokenizers import Tokenizer
+from .tokenizers.t5 import t5_special_ids
 
 SPLIT_NAMES = ("train", "valid", "test")
 # Megatron's `--split` default.
 DEFAULT_SPLIT = "969,30,1"
 # Megatron's `--seed` default.
 DEFAULT_SEED = 1234
+MODEL_KINDS = ("gpt", "t5")
+# Megatron's T5 defaults: `--decoder-seq-length 128`, `--vocab-extra-ids 100`.
+DEFAULT_DECODER_SEQ_LENGTH = 128
+DEFAULT_VOCAB_EXTRA_IDS = 100
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -32,7 +40,13 @@ class TrainingViewConfig:
     """The sampling configuration to show (Megatron's flag names)."""
 
     sequence_length: int
-    """Tokens per sample (`--seq-length`)."""
+    """Tokens per sample (`--seq-length`; T5: encoder positions)."""
+    model: str = "gpt"
+    """Model kind whose samples to show: gpt or t5 (span corruption on a sentence-split dataset)."""
+    decoder_sequence_length: int = DEFAULT_DECODER_SEQ_LENGTH
+    """T5: decoder positions (`--decoder-seq-length`)."""
+    vocab_extra_ids: int = DEFAULT_VOCAB_EXTRA_IDS
+    """T5: sentinels added to a vocabulary that has none (`--vocab-extra-ids`)."""
     split: str = DEFAULT_SPLIT
     """Split weights such as "949,50,1"."""
     seed: int = DEFAULT_SEED
@@ -47,6 +61,8 @@ class TrainingViewConfig:
     def __post_init__(self) -> None:
         if self.sequence_length < 1:
             raise ValueError(f"sequence length must be >= 1, got {self.sequence_length}")
+        if self.model not in MODEL_KINDS:
+            raise ValueError(f"model must be one of {', '.join(MODEL_KINDS)}, got {self.model!r}")
         if any(size is not None and size < 0 for size in self.sizes):
             raise ValueError(f"sample counts must be >= 0, got {list(self.sizes)}")
 
@@ -119,3 +135,52 @@ def format_training_view(view: list[dict | None], config: TrainingViewConfig) ->
             lines.append(f"--- {name} sample {sample_id} ---\n{shown}")
     return "\n".join(lines)
 
+
+def t5_training_view(prefix: str, config: TrainingViewConfig, tokenizer: Tokenizer,
+                     tokenizer_type: str) -> list[dict | None]:
+    """What a ``train --model t5`` run sees of each split: sample counts and span-corrupted samples.
+
+    Args:
+        prefix: sentence-split dataset prefix.
+        config: the sampling configuration (``model`` t5).
+        tokenizer: the run's tokenizer (gives the pad, EOS, decoder-start and sentinel ids, and decodes).
+        tokenizer_type: its Megatron type name (the sentinel convention depends on it).
+
+    Returns:
+        One entry per split: None when absent, else `samplers.t5_dataset.inspect_t5_splits`'s dict
+        whose samples also carry ``encoder_text`` and ``target_text`` (sentinels as `<extra_id_k>`).
+
+    Raises:
+        TokenmillError: damaged dataset, a tokenizer without a T5 convention, or bad sample options.
+        ValueError: sample options the T5 dataset rejects (too short a decoder, too few sentinels).
+    """
+    from samplers.t5_dataset import T5DatasetConfig, format_t5_ids, inspect_t5_splits
+
+    special = t5_special_ids(tokenizer, tokenizer_type, config.vocab_extra_ids)
+    dataset_config = T5DatasetConfig(data_prefix=prefix, sentinel_ids=special.sentinels, pad_id=special.pad,
+                                     decoder_start_id=special.decoder_start, eos_id=special.eos, split=config.split,
+                                     encoder_seq_length=config.sequence_length,
+                                     decoder_seq_length=config.decoder_sequence_length, random_seed=config.seed,
+                                     path_to_cache=config.path_to_cache)
+    view = inspect_t5_splits(dataset_config, config.sizes, config.sample_ids)
+    for split in view:
+        for sample in (split["samples"].values() if split is not None else ()):
+            sample["encoder_text"] = format_t5_ids(sample["encoder_input"], special.sentinels, tokenizer.decode)
+            sample["target_text"] = format_t5_ids(sample["decoder_target"], special.sentinels, tokenizer.decode)
+    return view
+
+
+def format_t5_training_view(view: list[dict | None], config: TrainingViewConfig) -> str:
+    """The text `inspect-index --model t5` prints for a T5 training view."""
+    lines = [f"training view   t5, encoder {config.sequence_length}, decoder {config.decoder_sequence_length}, "
+             f"split {config.split}, seed {config.seed}"]
+    for name, split in zip(SPLIT_NAMES, view):
+        if split is None:
+            lines.append(f"{name:<16}absent")
+            continue
+        begin, end = split["document_range"]
+        lines.append(f"{name:<16}documents [{begin}, {end}), {split['num_samples']} samples")
+        for sample_id, sample in split["samples"].items():
+            lines.append(f"--- {name} sample {sample_id} ---\ninput:  {sample['encoder_text']}\n"
+                         f"target: {sample['target_text']}")
+    return "\n".join(lines)

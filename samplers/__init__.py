@@ -1,8 +1,9 @@
-"""Index math, GPT and blended datasets, the index cache and data-parallel samplers.
+"""Index math, GPT, T5 and blended datasets, the index cache and data-parallel samplers.
 
     from samplers import GPTDatasetConfig, build_gpt_datasets, DataParallelSampler
     cfg = GPTDatasetConfig(sequence_length=128, blend=(["data/x_text_document"], None), split="949,50,1")
     train, valid, test = build_gpt_datasets(cfg, sizes=(1000, 100, None))
+    from samplers import T5DatasetConfig, build_t5_datasets   # T5 span corruption on sentence-split data
 
 The torch Datasets are imported on first use, so the index builders (`samplers.builder`,
 `samplers.indices`, the `build-indices` CLI) run without paying for importing torch.
@@ -20,9 +21,14 @@ _LAZY = {
     "build_gpt_datasets": "samplers.datasets",
     "GPTDataset": "samplers.gpt_dataset",
     "BlendedDataset": "samplers.blended_dataset",
+    "T5DatasetConfig": "samplers.t5_dataset",
+    "T5Dataset": "samplers.t5_dataset",
+    "build_t5_datasets": "samplers.t5_dataset",
+    "inspect_t5_splits": "samplers.t5_dataset",
 }
 
-__all__ = ["BlendedDataset", "DataParallelSampler", "GPTDataset", "GPTDatasetConfig", "build_gpt_datasets"]
+__all__ = ["BlendedDataset", "DataParallelSampler", "GPTDataset", "GPTDatasetConfig", "T5Dataset", "T5DatasetConfig",
+           "build_gpt_datasets", "build_t5_datasets", "inspect_t5_splits"]
 
 
 def __getattr__(name: str) -> Any:

@@ -35,6 +35,12 @@ from trainer.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
+# Beside the iterations: what the tensors cannot tell about the model (`trainer.hf_convert`, `trainer.t5_convert`).
+MODEL_CONFIG_FILE = "model_config.json"
+# Model tensors are saved as "model.<parameter name>".
+MODEL_PREFIX = "model."
+# A checkpoint converted from Hugging Face: the model only, at iteration 0 (training starts afresh from it).
+IMPORTED_ITERATION = 0
 TEMP_SUFFIX = ".tmp"
 _SAFE_MODULE_PREFIXES = ("torch.distributed.checkpoint.",)
 # What DCP's metadata pickle refers to besides its own classes (torch 2.13): sizes, the layout decoder

@@ -1,4 +1,4 @@
-"""``train``: a thin GPT trainer with data, tensor and pipeline parallelism.
+"""``train``: a thin GPT and T5 trainer with data, tensor and pipeline parallelism.
 
     # one process, on the bundled sample data
     train --dataset data_test/megatron/sample_en_eod_text_document --vocab-file data_test/gpt2/gpt2-vocab.json \\
@@ -8,12 +8,21 @@
     # 4 CPU processes, data x tensor parallel (train launches them itself, as torchrun would)
     train ... --nproc-per-node 4 --tensor-model-parallel-size 2 --device cpu
 
+    # start from a Hugging Face GPT-2 directory: its shape and tokenizer files are the defaults
+    train --load-hf gpt2/ --dataset data/my_text_document --seq-length 1024 --micro-batch-size 4 --save ckpt/run1
+
+    # T5 span corruption on a sentence-split dataset (preprocess-data --split-sentences)
+    train --model t5 --dataset data/my_text_sentence --tokenizer-type SentencePieceTokenizer \
+          --tokenizer-model sp.model --vocab-extra-ids 100 --encoder-seq-length 512 --decoder-seq-length 128 \
+          --num-layers 12 --hidden-size 768 --num-attention-heads 12 --ffn-hidden-size 3072 ...
+
 With more than one process ``train`` starts them through torch's elastic launcher; under a torchrun
 the user started it just joins the group.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -29,6 +38,7 @@ from trainer.cli_flags import flags_in_message
 from trainer.config import TrainConfig
 from trainer.data import check_data_files
 from trainer.distributed import launch, under_launcher
+from trainer.hf_convert import hf_train_defaults
 from trainer.parallel_dims import resolve_parallel_dims
 from trainer.train import train
 
@@ -92,9 +102,29 @@ def _failure_message(error: ChildFailedError) -> str:
     return f"worker rank {rank} failed with exit code {failure.exitcode}; see its output above"
 
 
+def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
+    """The ``train`` parser; with ``--load-hf DIR`` its defaults for the model shape and the tokenizer
+    files come from DIR (flags the user gives still win).
+
+    Raises:
+        TokenmillError: DIR is not a convertible Hugging Face GPT-2 directory.
+    """
+    parser = build_parser()
+    known, _ = parser.parse_known_args(argv)
+    if known.load_hf is not None:
+        for values in hf_train_defaults(known.load_hf).values():
+            parser.set_defaults(**values)
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line), then train or launch the workers that do."""
-    args = build_parser().parse_args(argv)
+    try:
+        parser = _parser_for(argv)
+    except TokenmillError as error:
+        _fail(str(error))
+        return EXIT_USAGE
+    args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
     except TokenmillError as error:

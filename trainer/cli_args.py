@@ -48,7 +48,7 @@ def _sections() -> list[tuple[str, type]]:
 
 def build_parser() -> argparse.ArgumentParser:
     """An argparse parser with one argument group per `TrainConfig` section."""
-    parser = argparse.ArgumentParser(prog="train", description="Train a GPT on tokenmill data.",
+    parser = argparse.ArgumentParser(prog="train", description="Train a GPT or a T5 on tokenmill data.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     for section_name, section_cls in _sections():
         group = parser.add_argument_group(section_name, section_cls.__doc__)

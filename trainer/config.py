@@ -21,6 +21,9 @@ from typing import Any
 
 from trainer.errors import TrainConfigError
 
+MODEL_KINDS = ("gpt", "t5")
+# T5's MLP kinds (Hugging Face's feed_forward_proj): v1.0's ReLU, v1.1/mT5's gated GELU.
+FEED_FORWARD_KINDS = ("relu", "gated-gelu")
 # Megatron's default: the loss scale starts at 2**32 and halves on every overflow until it fits.
 DEFAULT_INITIAL_LOSS_SCALE = 2.0**32
 
@@ -42,10 +45,12 @@ def _require_positive(section: object, *names: str) -> None:
 
 @dataclass(kw_only=True, slots=True)
 class ModelConfig:
-    """GPT-2 shape."""
+    """Model kind and shape (T5 adds the t5 section)."""
 
+    model: str = flag("gpt", choices=MODEL_KINDS)
+    """Model kind: gpt (decoder only) or t5 (encoder-decoder, span corruption on sentence-split data)."""
     num_layers: int = 12
-    """Number of transformer blocks."""
+    """Number of transformer blocks (T5: encoder blocks)."""
     hidden_size: int = 768
     """Width of the residual stream."""
     num_attention_heads: int = 12
@@ -274,7 +279,9 @@ class CheckpointConfig:
     save: str | None = None
     """Directory to save checkpoints into."""
     load: str | None = None
-    """Directory to resume from (its latest checkpoint)."""
+    """Directory to resume from (its latest checkpoint; a `convert-checkpoint --from-hf` one starts at step 0)."""
+    load_hf: str | None = None
+    """Hugging Face GPT-2 directory to start from (its shape and tokenizer files become the defaults)."""
     save_interval: int | None = None
     """Save every this many steps (and at the end); default only at the end."""
 
@@ -306,6 +313,40 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
+class T5Config:
+    """T5 span-corruption pre-training (read with model t5; hidden_size, heads, ffn_hidden_size, layers from model)."""
+
+    encoder_seq_length: int = 512
+    """Encoder positions per sample."""
+    decoder_seq_length: int = 128
+    """Decoder positions per sample."""
+    kv_channels: int | None = None
+    """Channels per attention head (T5's d_kv); default hidden_size / num_attention_heads."""
+    decoder_num_layers: int | None = None
+    """Decoder blocks; default num_layers (the encoder's)."""
+    vocab_extra_ids: int = 100
+    """Sentinel tokens <extra_id_k> added to a vocabulary that has none."""
+    feed_forward_proj: str = flag("relu", choices=FEED_FORWARD_KINDS)
+    """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
+    untie_embeddings_and_output_weights: bool = False
+    """Separate LM head (v1.1, mT5); tied heads scale the decoder output by hidden_size**-0.5 (v1.0)."""
+    mask_prob: float = 0.15
+    """Noise density: the fraction of a sample's tokens replaced by spans."""
+    mean_noise_span_length: float = 3.0
+    """Average tokens per noise span."""
+    short_seq_prob: float = 0.1
+    """Probability of a sample with a shorter random target length."""
+
+    def __post_init__(self) -> None:
+        for name in ("encoder_seq_length", "decoder_seq_length", "kv_channels", "decoder_num_layers"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise TrainConfigError(f"{name} must be >= 1, got {value}")
+        if self.vocab_extra_ids < 0:
+            raise TrainConfigError(f"vocab_extra_ids must be >= 0, got {self.vocab_extra_ids}")
+
+
+@dataclass(kw_only=True, slots=True)
 class TrainConfig:
     """One training run."""
 
@@ -318,3 +359,4 @@ class TrainConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    t5: T5Config = field(default_factory=T5Config)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,12 +110,16 @@ def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, si
 
 
 def step_iterator(dataset, consumed_samples: int, micro_batch_size: int, num_microbatches: int, dp_rank: int,
-                  dp: int, vocab_size: int) -> Iterator[list[MicroBatch]]:
-    """This dp rank's micro-batches, one list per optimiser step, from ``consumed_samples`` on."""
+                  dp: int, vocab_size: int, collate_fn: Callable | None = None) -> Iterator[list]:
+    """This dp rank's micro-batches, one list per optimiser step, from ``consumed_samples`` on.
+
+    ``collate_fn(items, vocab_size)`` stacks a micro-batch's items (default: GPT's `collate`;
+    T5 passes `trainer.t5_data.collate_t5`).
+    """
     sampler = DataParallelSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
                                   micro_batch_size=micro_batch_size, data_parallel_rank=dp_rank,
                                   data_parallel_size=dp)
-    return step_batches(dataset, sampler, num_microbatches, vocab_size)
+    return step_batches(dataset, sampler, num_microbatches, vocab_size, collate_fn or collate)
 
 
 def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> MicroBatch:
@@ -135,11 +139,11 @@ def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> MicroBatch
     return MicroBatch(tokens=tokens, position_ids=position_ids, targets=targets)
 
 
-def step_batches(dataset, sampler, num_microbatches: int, vocab_size: int) -> Iterator[list[MicroBatch]]:
-    """Yield each step's micro-batches, in the sampler's order."""
-    step: list[MicroBatch] = []
+def step_batches(dataset, sampler, num_microbatches: int, vocab_size: int, collate_fn: Callable) -> Iterator[list]:
+    """Yield each step's micro-batches, in the sampler's order, stacked by ``collate_fn(items, vocab_size)``."""
+    step: list = []
     for indices in sampler:
-        step.append(collate([dataset[i] for i in indices], vocab_size))
+        step.append(collate_fn([dataset[i] for i in indices], vocab_size))
         if len(step) == num_microbatches:
             yield step
             step = []

@@ -1,4 +1,4 @@
-"""``generate``: continue prompts with a tokenmill checkpoint or a local Hugging Face GPT-2 directory.
+"""``generate``: continue prompts with a tokenmill checkpoint or a local Hugging Face GPT-2 or T5/mT5 directory.
 
     generate --load gpt2/ --prompt "Hello, my name is" --max-new-tokens 20 --greedy
     generate --load checkpoints/run1 --prompt-file prompts.txt --top-p 0.9 --temperature 0.8 --json
@@ -6,6 +6,8 @@
              --merge-file gpt2-merges.txt --tokenizer-type GPT2BPETokenizer
     # 2 CPU processes, tensor parallel (started through torch's elastic launcher, as train does)
     generate --load gpt2/ --prompt "Hello" --nproc-per-node 2 --device cpu --tensor-model-parallel-size 2
+    # a T5/mT5 directory (config.json model_type t5/mt5): encoder input -> decoder output, one process
+    generate --load t5-small/ --prompt "translate English to German: Hello" --greedy
 
 Without tokenizer flags the tokenizer files stored with the model are used. Prints each continuation
 (``--json``: one object per prompt and line, with ``prompt``, ``text`` and the generated ``ids``).
@@ -31,6 +33,8 @@ from trainer.config import LaunchConfig
 from trainer.distributed import launch, under_launcher
 from trainer.generate import GenerateConfig, generate, plan_generation
 from trainer.generation.sampling import SamplingConfig
+from trainer.hf_t5 import is_hf_t5_directory
+from trainer.t5_generate import generate_t5
 
 PROG = "generate"
 EXIT_ERROR = 1
@@ -39,9 +43,11 @@ DEFAULT_MASTER_PORT = 29500
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Continue prompts with a GPT checkpoint.",
+    parser = argparse.ArgumentParser(prog=PROG,
+                                     description="Continue prompts with a GPT checkpoint or a T5/mT5 directory.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--load", required=True, help="checkpoint root, iter_XXXXXXX directory, or HF GPT-2 directory")
+    parser.add_argument("--load", required=True,
+                        help="checkpoint root, iter_XXXXXXX directory, or HF GPT-2 / T5 / mT5 directory")
     prompts = parser.add_argument_group("prompts (any mix; texts first, then id prompts)")
     prompts.add_argument("--prompt", action="append", default=[], help="a prompt text (repeatable)")
     prompts.add_argument("--prompt-file", help="a file with one prompt text per line (empty lines skipped)")
@@ -112,7 +118,8 @@ def _run(config: GenerateConfig) -> list[dict] | None:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        return [asdict(c) for c in generate(config)]
+        run = generate_t5 if is_hf_t5_directory(config.load) else generate
+        return [asdict(c) for c in run(config)]
     except TokenmillError as error:
         if rank == 0:
             _fail(str(error))
@@ -143,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         config, launch_config = config_from_args(args)
     except ValueError as error:
         _fail(str(error))
+        return EXIT_USAGE
+    if launch_config.num_gpus_per_node > 1 and is_hf_t5_directory(config.load):
+        _fail("T5 generation runs in one process: use --nproc-per-node 1")
         return EXIT_USAGE
     if launch_config.num_gpus_per_node == 1 or under_launcher():
         completions = _run(config)

@@ -1,4 +1,5 @@
-"""Hugging Face GPT-2 directories <-> tokenmill checkpoints, and HF weights into a (parallel) model.
+"""Hugging Face GPT-2 directories <-> tokenmill checkpoints, and HF weights into a (parallel) model
+(T5/mT5 directories and T5 checkpoints are passed on to `trainer.t5_convert`).
 
 A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint`) with the model only, at
 iteration 0, so ``train --load`` starts from it in any tp/pp/dp layout. Beside it, in the checkpoint
@@ -27,7 +28,10 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainer.checkpoint import (
+    IMPORTED_ITERATION,
     LATEST_FILE,
+    MODEL_CONFIG_FILE,
+    MODEL_PREFIX,
     SafeFileSystemReader,
     checkpoint_dir,
     latest_iteration,
@@ -45,14 +49,13 @@ from trainer.hf_files import (
     write_json,
 )
 from trainer.hf_gpt2 import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
+from trainer.hf_t5 import is_hf_t5_directory
 from trainer.model import GPT, GPTShape
 from trainer.parallel_dims import pad_vocab_size
+from trainer.t5_convert import export_t5_checkpoint, import_hf_t5_checkpoint, read_t5_model_config
 
 logger = logging.getLogger(__name__)
 
-MODEL_CONFIG_FILE = "model_config.json"
-MODEL_PREFIX = "model."
-IMPORTED_ITERATION = 0
 # The trainer's defaults for the vocabulary padding (Megatron's --make-vocab-size-divisible-by).
 DEFAULT_DIVISIBLE_BY = 128
 _ITERATION_DIR = re.compile(r"^iter_(\d+)$")
@@ -63,7 +66,7 @@ class ConvertCheckpointConfig:
     """One ``convert-checkpoint`` run: HF directory -> checkpoint, or checkpoint -> HF directory."""
 
     from_hf: str | None = None
-    """Local HF GPT-2 directory to import."""
+    """Local HF GPT-2 (or T5/mT5) directory to import."""
     to: str | None = None
     """Checkpoint root to create from it."""
     from_checkpoint: str | None = None
@@ -122,6 +125,8 @@ def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
     if not path.is_file():
         return None
     value = read_json(path)
+    if value.get("model", "gpt") != "gpt":
+        raise CheckpointError(f"{path}: a {value['model']} checkpoint; export it with convert-checkpoint --to-hf")
     try:
         return CheckpointModel(shape=GPTShape(**value["shape"]), vocab_size=int(value["vocab_size"]),
                                eod_id=value.get("eod_id"))
@@ -330,8 +335,15 @@ def load_hf_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: st
 
 def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:
     """Run one conversion; returns what was written (the checkpoint directory or the HF directory)."""
+    if config.from_hf is not None and is_hf_t5_directory(config.from_hf):
+        return import_hf_t5_checkpoint(config.from_hf, config.to,
+                                       config.make_vocab_size_divisible_by or DEFAULT_DIVISIBLE_BY,
+                                       config.tensor_model_parallel_size or 1)
     if config.from_hf is not None:
         return import_hf_checkpoint(config.from_hf, config.to,
                                     config.make_vocab_size_divisible_by or DEFAULT_DIVISIBLE_BY,
                                     config.tensor_model_parallel_size or 1)
+    root, iteration = resolve_checkpoint(config.from_checkpoint)
+    if read_t5_model_config(root) is not None:
+        return export_t5_checkpoint(root, iteration, config.to_hf)
     return export_hf_checkpoint(config.from_checkpoint, config.to_hf, config.num_attention_heads, config.vocab_size)

@@ -36,7 +36,10 @@ WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_FILE + INDEX_SUFFIX, PYTORCH_FILE,
 # transformers refuses safetensors files whose metadata does not name the framework.
 SAFETENSORS_METADATA = {"format": "pt"}
 GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON = "vocab.json", "merges.txt", "tokenizer.json"
-TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, "tokenizer_config.json", "special_tokens_map.json")
+# T5/mT5's SentencePiece model.
+T5_SPIECE = "spiece.model"
+TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, "tokenizer_config.json",
+                   "special_tokens_map.json")
 TEMP_SUFFIX = ".tmp"
 
 
@@ -157,7 +160,8 @@ def tokenizer_config_for_directory(directory: str | os.PathLike) -> TokenizerCon
     """The tokenizer stored in a model or checkpoint directory, or None when it holds none.
 
     GPT-2's ``vocab.json`` + ``merges.txt`` give Megatron's GPT2BPETokenizer (what GPT-2 models use);
-    otherwise a ``tokenizer.json`` gives the HuggingFaceTokenizer.
+    otherwise a ``tokenizer.json`` gives the HuggingFaceTokenizer, and T5's ``spiece.model`` the
+    GPTSentencePieceTokenizer (the plain SentencePiece model, as T5Tokenizer reads it).
     """
     root = Path(directory)
     if (root / GPT2_VOCAB).is_file() and (root / GPT2_MERGES).is_file():
@@ -165,4 +169,6 @@ def tokenizer_config_for_directory(directory: str | os.PathLike) -> TokenizerCon
                                merge_file=str(root / GPT2_MERGES))
     if (root / TOKENIZER_JSON).is_file():
         return TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / TOKENIZER_JSON))
+    if (root / T5_SPIECE).is_file():
+        return TokenizerConfig(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(root / T5_SPIECE))
     return None

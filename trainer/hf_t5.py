@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from trainer.hf_files import read_hf_config, read_hf_weights, write_hf_directory
+from trainer.config import FEED_FORWARD_KINDS
+from trainer.hf_files import is_hf_directory, read_hf_config, read_hf_weights, write_hf_directory
 from trainer.hf_gpt2 import HFConversionError
-from trainer.t5_model import FEED_FORWARD_KINDS, T5, T5Shape
+from trainer.t5_model import T5, T5Shape
 
 T5_ARCHITECTURES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
 # Tensors a file may hold besides ours: tied copies of the embedding, and a cross-attention bias that
@@ -153,6 +154,11 @@ def hf_t5_config(shape: T5Shape, model_type: str, eos_id: int = 1, pad_id: int =
     return config
 
 
+def is_hf_t5_directory(path: str | os.PathLike) -> bool:
+    """True for a local HF directory whose config.json names a T5 or mT5 (``model_type``)."""
+    return is_hf_directory(path) and read_hf_config(path).get("model_type") in T5_ARCHITECTURES
+
+
 def load_hf_t5(directory: str | os.PathLike) -> T5:
     """A `T5` holding the weights of a local T5ForConditionalGeneration/MT5ForConditionalGeneration directory.
 
@@ -178,10 +184,11 @@ def load_hf_t5(directory: str | os.PathLike) -> T5:
 
 
 def save_hf_t5(model: T5, directory: str | os.PathLike, model_type: str = "t5", eos_id: int = 1,
-               pad_id: int = 0) -> Path:
-    """Write ``config.json`` and ``model.safetensors`` of a (whole, unsharded) `T5` into ``directory``."""
+               pad_id: int = 0, tokenizer_source: str | os.PathLike | None = None) -> Path:
+    """Write ``config.json`` and ``model.safetensors`` of a (whole, unsharded) `T5` into ``directory``
+    (and the tokenizer files found in ``tokenizer_source``)."""
     shape = model.shape
     config = hf_t5_config(shape, model_type, eos_id, pad_id)
     state = dict(model.named_parameters())
     tensors = {hf: state[ours].detach().contiguous().clone() for ours, hf in hf_t5_names(shape).items()}
-    return write_hf_directory(directory, config, tensors)
+    return write_hf_directory(directory, config, tensors, tokenizer_source=tokenizer_source)

@@ -69,24 +69,34 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
          f"num_attention_heads ({model.num_attention_heads}) is not divisible by tensor_model_parallel_size ({tp})"),
         (model.ffn_hidden_size % tp == 0,
          f"ffn_hidden_size ({model.ffn_hidden_size}) is not divisible by tensor_model_parallel_size ({tp})"),
-        (model.max_position_embeddings % tp == 0,
-         f"max_position_embeddings ({model.max_position_embeddings}) is not divisible by "
-         f"tensor_model_parallel_size ({tp})"),
-        (not par.sequence_parallel or model.seq_length % tp == 0,
-         f"seq_length ({model.seq_length}) is not divisible by tensor_model_parallel_size ({tp}), "
-         f"which sequence_parallel needs"),
     ]
+    if model.model == "t5":
+        # The vocabulary is padded to a multiple of tp (`pad_vocab_size`); T5 has no position table.
+        rules.append((not par.sequence_parallel, "sequence_parallel is not implemented for model t5"))
+        decoder_layers = config.t5.decoder_num_layers or model.num_layers
+        num_layers = model.num_layers + decoder_layers
+        layers_name = f"num_layers + decoder_num_layers ({model.num_layers} + {decoder_layers})"
+    else:
+        rules += [
+            (model.max_position_embeddings % tp == 0,
+             f"max_position_embeddings ({model.max_position_embeddings}) is not divisible by "
+             f"tensor_model_parallel_size ({tp})"),
+            (not par.sequence_parallel or model.seq_length % tp == 0,
+             f"seq_length ({model.seq_length}) is not divisible by tensor_model_parallel_size ({tp}), "
+             f"which sequence_parallel needs"),
+        ]
+        num_layers, layers_name = model.num_layers, f"num_layers ({model.num_layers})"
     if par.pipeline_schedule == "interleaved":
         per_chunk = par.num_layers_per_virtual_pipeline_stage
         rules.append((pp > 1, "pipeline_schedule interleaved needs pipeline_model_parallel_size > 1"))
         rules.append((per_chunk is not None,
                       "pipeline_schedule interleaved needs num_layers_per_virtual_pipeline_stage"))
         if per_chunk is not None:
-            rules.append((model.num_layers % (per_chunk * pp) == 0,
-                          f"num_layers ({model.num_layers}) is not divisible by num_layers_per_virtual_pipeline_stage "
+            rules.append((num_layers % (per_chunk * pp) == 0,
+                          f"{layers_name} is not divisible by num_layers_per_virtual_pipeline_stage "
                           f"({per_chunk}) x pipeline_model_parallel_size ({pp})"))
-    rules.append((model.num_layers % pp == 0,
-                  f"num_layers ({model.num_layers}) is not divisible by pipeline_model_parallel_size ({pp})"))
+    rules.append((num_layers % pp == 0,
+                  f"{layers_name} is not divisible by pipeline_model_parallel_size ({pp})"))
     for ok, message in rules:
         if not ok:
             raise TrainConfigError(message)

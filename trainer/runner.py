@@ -40,28 +40,31 @@ class ParallelModel:
     """This rank's model chunks, their parallel wrappers and, under pipelining, the schedule.
 
     Every rank builds the full model from ``seed`` (identical init in every layout) before
-    splitting and sharding it.
+    splitting and sharding it. The GPT is the default; another model (`trainer.t5_runner.ParallelT5`)
+    overrides the model hooks (``_build``, ``_num_layers``, ``_split``, ``_apply_tp``, ``_apply_fsdp``,
+    ``_tied_names``) and the batch hooks (``_forward``, ``_first_stage_inputs``).
     """
 
     def __init__(self, shape: GPTShape, dims: ParallelDims, mesh: DeviceMesh | None, parallelism: ParallelismConfig,
                  device: torch.device, seed: int, checkpoint_activations: bool,
                  autocast_dtype: torch.dtype | None) -> None:
+        self.shape = shape
         self.dims = dims
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.loss_scale = 1.0
         torch.manual_seed(seed)
         with torch.device(device):
-            model = GPT(shape)
+            model = self._build()
         pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
         self.uses_fsdp = dims.dp > 1 and (dims.tp > 1 or dims.pp > 1 or parallelism.use_distributed_optimizer)
         if dims.pp > 1:
             chunks = 1
             if parallelism.pipeline_schedule == "interleaved":
-                chunks = shape.num_layers // (parallelism.num_layers_per_virtual_pipeline_stage * dims.pp)
+                chunks = self._num_layers() // (parallelism.num_layers_per_virtual_pipeline_stage * dims.pp)
             num_stages = dims.pp * chunks
             stage_ids = stage_ids_of_rank(pp_rank, dims.pp, chunks)
-            self.parts = [split_stage(model, stage_id, num_stages) for stage_id in stage_ids]
+            self.parts = [self._split(model, stage_id, num_stages) for stage_id in stage_ids]
             self.has_first_stage = stage_ids[0] == 0
             self.has_last_stage = stage_ids[-1] == num_stages - 1
         else:
@@ -69,11 +72,11 @@ class ParallelModel:
             self.has_first_stage = self.has_last_stage = True
         for part in self.parts:
             if dims.tp > 1:
-                apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
+                self._apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
             if checkpoint_activations:
                 apply_ac(part)
             if self.uses_fsdp:
-                apply_fsdp(part, mesh["dp"], reshard_after_forward=dims.pp == 1)
+                self._apply_fsdp(part, mesh["dp"], reshard_after_forward=dims.pp == 1)
         self.forward_module: nn.Module = self.parts[0]
         if dims.dp > 1 and not self.uses_fsdp:
             self.forward_module = apply_ddp(self.parts[0], mesh["dp"])
@@ -82,9 +85,44 @@ class ParallelModel:
         if dims.pp > 1:
             self.schedule = build_schedule(self.parts, stage_ids, num_stages, mesh["pp"], device,
                                            dims.num_microbatches, parallelism.pipeline_schedule, self.loss_fn)
-            self.tied_group = tied_embedding_group(mesh)
+            if self._tied_names() is not None:
+                self.tied_group = tied_embedding_group(mesh)
         self.pp_group = mesh.get_group("pp") if mesh is not None and dims.pp > 1 else None
         self._named = self._collect_named_parameters()
+
+    # -- model hooks ---------------------------------------------------------------------------------------
+
+    def _build(self) -> nn.Module:
+        """The full model, on the current default device."""
+        return GPT(self.shape)
+
+    def _num_layers(self) -> int:
+        """Blocks the pipeline stages divide."""
+        return self.shape.num_layers
+
+    def _split(self, model: nn.Module, stage_id: int, num_stages: int) -> nn.Module:
+        """Pipeline stage ``stage_id`` of ``num_stages`` of the full model."""
+        return split_stage(model, stage_id, num_stages)
+
+    def _apply_tp(self, part: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+        apply_tp(part, tp_mesh, sequence_parallel)
+
+    def _apply_fsdp(self, part: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+        apply_fsdp(part, dp_mesh, reshard_after_forward=reshard_after_forward)
+
+    def _tied_names(self) -> tuple[str, str] | None:
+        """(embedding name, name of the last stage's copy) of the tied input/output weight; None if untied."""
+        return TIED_WEIGHT_NAME, TIED_COPY_NAME
+
+    # -- batch hooks ---------------------------------------------------------------------------------------
+
+    def _forward(self, mb: MicroBatch) -> torch.Tensor:
+        """Logits of one micro-batch through the (unsplit) model."""
+        return self.forward_module(mb.tokens, mb.position_ids)
+
+    def _first_stage_inputs(self, microbatches: list[MicroBatch]) -> tuple[torch.Tensor, ...]:
+        """The first pipeline stage's inputs of a whole step, concatenated over the micro-batches."""
+        return torch.cat([mb.tokens for mb in microbatches]), torch.cat([mb.position_ids for mb in microbatches])
 
     # -- parameters ---------------------------------------------------------------------------------------
 
@@ -93,22 +131,27 @@ class ParallelModel:
         return list(self._named)
 
     def _collect_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        tied = self._tied_names()
         named: dict[str, nn.Parameter] = {}
         for part in self.parts:
-            for name, param in part.named_parameters():
-                if name == TIED_COPY_NAME and part.tok_embeddings is None:
-                    name = TIED_WEIGHT_NAME
+            own = dict(part.named_parameters())
+            for name, param in own.items():
+                if tied is not None and name == tied[1] and tied[0] not in own:
+                    # A later stage's copy of the tied weight: name it like the original.
+                    name = tied[0]
                 named[name] = param
         return list(named.items())
 
     def norm_parameters(self) -> list[nn.Parameter]:
-        """Parameters counted in the global gradient norm: the tied copy of the last stage is left out."""
-        if self.has_first_stage:
+        """Parameters counted in the global gradient norm: the tied copy of a later stage is left out."""
+        tied = self._tied_names()
+        if self.has_first_stage or tied is None:
             return [p for _, p in self.named_parameters()]
-        return [p for name, p in self.named_parameters() if name != TIED_WEIGHT_NAME]
+        return [p for name, p in self.named_parameters() if name != tied[0]]
 
     def _tied_parameter(self) -> nn.Parameter | None:
-        return dict(self._named).get(TIED_WEIGHT_NAME)
+        tied = self._tied_names()
+        return dict(self._named).get(tied[0]) if tied is not None else None
 
     # -- forward / backward -------------------------------------------------------------------------------
 
@@ -154,16 +197,14 @@ class ParallelModel:
         for index, mb in enumerate(microbatches):
             last = index == count - 1
             with self._gradient_sync(enabled=last or not train), self._compute_context():
-                loss = self.loss_fn(self.forward_module(mb.tokens, mb.position_ids), mb.targets)
+                loss = self.loss_fn(self._forward(mb), mb.targets)
                 if train:
                     (loss / count).backward()
             total += _full(loss.detach())
         return total
 
     def _run_pipeline(self, microbatches: list[MicroBatch], train: bool) -> torch.Tensor:
-        args = ()
-        if self.has_first_stage:
-            args = (torch.cat([mb.tokens for mb in microbatches]), torch.cat([mb.position_ids for mb in microbatches]))
+        args = self._first_stage_inputs(microbatches) if self.has_first_stage else ()
         kwargs: dict = {}
         losses: list[torch.Tensor] = []
         if self.has_last_stage:

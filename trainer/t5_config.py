@@ -1,4 +1,4 @@
-"""`T5Config`: the settings `train --model t5` adds to `TrainConfig`, and what they build.
+"""What the `trainer.config.T5Config` section of `train --model t5` builds: the shape, special ids, datasets.
 
     t5 = T5Config(encoder_seq_length=512, decoder_seq_length=128, vocab_extra_ids=100)
     special = resolve_t5_special_ids(config.data, t5.vocab_extra_ids)
@@ -13,48 +13,13 @@ Hugging Face's (feed_forward_proj) and the T5 paper's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+from preprocess.errors import TokenizerError
+from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids
 from samplers.t5_dataset import T5Dataset, T5DatasetConfig, build_t5_datasets
-from trainer.config import DataConfig, ModelConfig, flag
+from trainer.config import DataConfig, ModelConfig, T5Config
 from trainer.errors import TrainConfigError
 from trainer.parallel_dims import pad_vocab_size
-from trainer.t5_data import T5SpecialIds, t5_special_ids
-from trainer.t5_model import FEED_FORWARD_KINDS, T5Shape
-
-
-@dataclass(kw_only=True, slots=True)
-class T5Config:
-    """T5 span-corruption pre-training (used with --model t5)."""
-
-    encoder_seq_length: int = 512
-    """Encoder positions per sample."""
-    decoder_seq_length: int = 128
-    """Decoder positions per sample."""
-    kv_channels: int | None = None
-    """Channels per attention head (T5's d_kv); default hidden_size / num_attention_heads."""
-    decoder_num_layers: int | None = None
-    """Decoder blocks; default num_layers (the encoder's)."""
-    vocab_extra_ids: int = 100
-    """Sentinel tokens <extra_id_k> added to a vocabulary that has none."""
-    feed_forward_proj: str = flag("relu", choices=FEED_FORWARD_KINDS)
-    """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
-    untie_embeddings_and_output_weights: bool = False
-    """Separate LM head (v1.1, mT5); tied heads scale the decoder output by hidden_size**-0.5 (v1.0)."""
-    mask_prob: float = 0.15
-    """Noise density: the fraction of a sample's tokens replaced by spans."""
-    mean_noise_span_length: float = 3.0
-    """Average tokens per noise span."""
-    short_seq_prob: float = 0.1
-    """Probability of a sample with a shorter random target length."""
-
-    def __post_init__(self) -> None:
-        for name in ("encoder_seq_length", "decoder_seq_length", "kv_channels", "decoder_num_layers"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise TrainConfigError(f"{name} must be >= 1, got {value}")
-        if self.vocab_extra_ids < 0:
-            raise TrainConfigError(f"vocab_extra_ids must be >= 0, got {self.vocab_extra_ids}")
+from trainer.t5_model import T5Shape
 
 
 def t5_shape(model: ModelConfig, t5: T5Config, vocab_size: int, tp: int) -> T5Shape:
@@ -84,9 +49,9 @@ def resolve_t5_special_ids(data: DataConfig, vocab_extra_ids: int) -> T5SpecialI
 
     try:
         tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type=data.tokenizer_type, **files))
-    except ValueError as error:
+        return t5_special_ids(tokenizer, data.tokenizer_type, vocab_extra_ids)
+    except (ValueError, TokenizerError) as error:
         raise TrainConfigError(str(error)) from error
-    return t5_special_ids(tokenizer, data.tokenizer_type, vocab_extra_ids)
 
 
 def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5SpecialIds,

@@ -1,6 +1,8 @@
-"""Greedy encoder-decoder generation with a `trainer.t5_model.T5` (what HF ``generate(do_sample=False)`` does).
+"""Encoder-decoder generation with a `trainer.t5_model.T5`: greedy (what HF ``generate(do_sample=False)``
+does) or sampled, and `generate_t5`, what ``generate --load T5_DIR`` runs.
 
     ids = greedy_generate(model, encoder_input_ids, max_new_tokens=32, decoder_start_id=0, eos_id=1, pad_id=0)
+    completions = generate_t5(GenerateConfig(load="t5-small/", prompt_ids=[[13, 8, 1]], max_new_tokens=20))
 
 The encoder runs once; the decoder runs incrementally with a key/value cache (self-attention keys
 grow by one position per step, cross-attention keys are computed once). A sequence that produced
@@ -9,16 +11,25 @@ EOS is continued with the pad id until every sequence is done or ``max_new_token
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from preprocess.tokenizers import build_tokenizer
+from trainer.distributed import resolve_device_type
+from trainer.errors import TrainConfigError
+from trainer.generate import Completion, GenerateConfig
+from trainer.generation.sampling import next_tokens
+from trainer.hf_files import read_hf_config, tokenizer_config_for_directory
+from trainer.hf_t5 import load_hf_t5
 from trainer.t5_model import T5
 
 
 @torch.no_grad()
-def greedy_generate(model: T5, encoder_input_ids: torch.Tensor, max_new_tokens: int, decoder_start_id: int,
-                    eos_id: int, pad_id: int, encoder_attention_mask: torch.Tensor | None = None,
-                    use_cache: bool = True) -> torch.Tensor:
-    """Decoder ids [batch, 1 + generated] starting with ``decoder_start_id``.
+def sample_t5(model: T5, encoder_input_ids: torch.Tensor, max_new_tokens: int, decoder_start_id: int, eos_id: int,
+              pad_id: int, choose: Callable[[torch.Tensor], torch.Tensor],
+              encoder_attention_mask: torch.Tensor | None = None, use_cache: bool = True) -> torch.Tensor:
+    """Decoder ids [batch, 1 + generated] starting with ``decoder_start_id``, each next id ``choose(logits)``.
 
     Args:
         model: the model (evaluation mode is the caller's choice; dropout is off only in eval()).
@@ -27,6 +38,7 @@ def greedy_generate(model: T5, encoder_input_ids: torch.Tensor, max_new_tokens: 
         decoder_start_id: first decoder token (T5/mT5: the pad id).
         eos_id: end of sequence; a sequence stops after it.
         pad_id: fills the positions after a sequence's EOS.
+        choose: float logits [batch, vocab] -> int64 ids [batch].
         encoder_attention_mask: [batch, Le], 1 token, 0 padding; None: no padding.
         use_cache: decode incrementally (False recomputes the whole prefix each step; same result).
     """
@@ -38,9 +50,74 @@ def greedy_generate(model: T5, encoder_input_ids: torch.Tensor, max_new_tokens: 
     for _ in range(max_new_tokens):
         step_input = ids[:, -1:] if use_cache else ids
         logits = model.decode(step_input, memory, encoder_attention_mask, cache)[:, -1]
-        next_ids = logits.argmax(dim=-1).masked_fill(done, pad_id)
+        next_ids = choose(logits).masked_fill(done, pad_id)
         ids = torch.cat([ids, next_ids[:, None]], dim=1)
         done |= next_ids == eos_id
         if done.all():
             break
     return ids
+
+
+def greedy_generate(model: T5, encoder_input_ids: torch.Tensor, max_new_tokens: int, decoder_start_id: int,
+                    eos_id: int, pad_id: int, encoder_attention_mask: torch.Tensor | None = None,
+                    use_cache: bool = True) -> torch.Tensor:
+    """`sample_t5` taking the most likely token at every step."""
+    return sample_t5(model, encoder_input_ids, max_new_tokens, decoder_start_id, eos_id, pad_id,
+                     lambda logits: logits.argmax(dim=-1), encoder_attention_mask, use_cache)
+
+
+def _right_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Encoder ids padded on the right with ``pad_id`` and their mask (1 token, 0 padding), int64 [batch, longest]."""
+    longest = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), longest), pad_id, dtype=torch.int64)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):
+        ids[row, :len(prompt)] = torch.tensor(prompt, dtype=torch.int64)
+        mask[row, :len(prompt)] = 1
+    return ids, mask
+
+
+def generate_t5(config: GenerateConfig) -> list[Completion]:
+    """Generate with a local Hugging Face T5/mT5 directory in this process (``generate --load T5_DIR``).
+
+    Text prompts are encoded and end with EOS (as T5Tokenizer does); id prompts are used as given.
+    A completion's ids are the generated decoder ids (after the start id), ending with EOS when it
+    stopped there.
+
+    Raises:
+        TrainConfigError: a parallel layout was asked for, a text prompt without a tokenizer, or ids
+            outside the vocabulary.
+        HFConversionError: the directory is not a T5/mT5.
+    """
+    if config.tensor_model_parallel_size * config.pipeline_model_parallel_size != 1:
+        raise TrainConfigError("T5 generation runs in one process: tensor/pipeline parallel sizes must be 1")
+    hf_config = read_hf_config(config.load)
+    eos_id, pad_id = hf_config.get("eos_token_id", 1), hf_config.get("pad_token_id", 0)
+    start_id = hf_config.get("decoder_start_token_id", pad_id)
+    tokenizer_config = config.tokenizer or tokenizer_config_for_directory(config.load)
+    if config.prompts and tokenizer_config is None:
+        raise TrainConfigError(f"text prompts need a tokenizer: {config.load} holds no tokenizer files; "
+                               "give the tokenizer options or prompts as token ids")
+    tokenizer = build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
+    prompts = [tokenizer.encode(text) + [eos_id] for text in config.prompts] + [list(p) for p in config.prompt_ids]
+    device = torch.device(resolve_device_type(config.device))
+    model = load_hf_t5(config.load).eval().to(device)
+    vocab_size = hf_config.get("vocab_size", model.shape.vocab_size)
+    if any(not p or min(p) < 0 or max(p) >= vocab_size for p in prompts):
+        raise TrainConfigError(f"every prompt needs token ids in [0, {vocab_size}) (the model's vocabulary)")
+    generator = torch.Generator(device=device).manual_seed(config.seed)
+    choose = lambda logits: next_tokens(logits[:, :vocab_size], config.sampling, generator)  # noqa: E731
+    completions = []
+    given = [*config.prompts, *config.prompt_ids]
+    for begin in range(0, len(prompts), config.batch_size):
+        ids, mask = _right_pad(prompts[begin:begin + config.batch_size], pad_id)
+        out = sample_t5(model, ids.to(device), config.max_new_tokens, start_id, eos_id, pad_id, choose, mask.to(device))
+        for row, prompt in enumerate(given[begin:begin + config.batch_size]):
+            generated = out[row, 1:].tolist()
+            if eos_id in generated:
+                generated = generated[:generated.index(eos_id) + 1]
+            text = None
+            if tokenizer is not None:
+                text = tokenizer.decode(generated[:-1] if generated and generated[-1] == eos_id else generated)
+            completions.append(Completion(prompt=prompt, text=text, ids=generated))
+    return completions

@@ -31,7 +31,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-FEED_FORWARD_KINDS = ("relu", "gated-gelu")
+from trainer.config import FEED_FORWARD_KINDS
+
 
 
 @dataclass(frozen=True, slots=True)

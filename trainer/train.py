@@ -24,14 +24,34 @@ import torch.distributed as dist
 
 from trainer.checkpoint import latest_iteration, load_checkpoint, save_checkpoint
 from trainer.config import TrainConfig
-from trainer.data import Prefetcher, Vocabulary, build_datasets, resolve_vocabulary, step_iterator
+from trainer.data import Prefetcher, Vocabulary, build_datasets, collate, resolve_vocabulary, step_iterator
 from trainer.distributed import DistContext, init_distributed, resolve_device_type
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
-from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops, model_flops_per_token
+from trainer.hf_convert import (
+    MODEL_PREFIX,
+    CheckpointModel,
+    is_model_only_checkpoint,
+    load_hf_weights,
+    save_model_config,
+)
+from trainer.hf_files import copy_tokenizer_files
+from trainer.errors import TrainConfigError
+from trainer.metrics import (
+    MetricsWriter,
+    TrainStats,
+    device_peak_flops,
+    model_flops_per_token,
+    t5_flops_per_token,
+)
 from trainer.model import GPT, GPTShape
 from trainer.optim import LossScaler, LRSchedule, build_optimizer, init_optimizer_state, set_lr
 from trainer.parallel_dims import ParallelDims, pad_vocab_size, resolve_parallel_dims
 from trainer.runner import ParallelModel
+from trainer.t5_config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
+from trainer.t5_convert import T5_MODEL, save_t5_model_config
+from trainer.t5_data import collate_t5
+from trainer.t5_model import T5
+from trainer.t5_runner import ParallelT5
 
 logger = logging.getLogger(__name__)
 
@@ -88,20 +108,41 @@ class _Run:
     def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
         self.config, self.ctx = config, ctx
         # Everything that can fail on bad input happens before the first collective (mesh creation).
-        self.vocabulary: Vocabulary = resolve_vocabulary(config.data, config.model.vocab_size)
+        self.is_t5 = config.model.model == "t5"
+        if self.is_t5 and config.checkpoint.load_hf is not None:
+            raise TrainConfigError("load_hf takes a Hugging Face GPT-2 directory; for T5 convert the weights with "
+                                   "convert-checkpoint and use load")
+        if self.is_t5:
+            special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
+            self.vocabulary = Vocabulary(size=config.model.vocab_size or special.vocab_size, eod_id=special.eos,
+                                         pad_id=special.pad)
+        else:
+            self.vocabulary = resolve_vocabulary(config.data, config.model.vocab_size)
         self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size)
-        self.shape = model_shape(config, self.vocabulary.size, self.dims.tp)
         gbs = self.dims.global_batch_size
         evals = config.logging.eval_iters * gbs
-        self.train_ds, self.valid_ds, self.test_ds = build_datasets(
-            config.data, config.model.seq_length, self.vocabulary, (config.training.train_iters * gbs, evals, evals))
+        sizes = (config.training.train_iters * gbs, evals, evals)
+        if self.is_t5:
+            self.shape = t5_shape(config.model, config.t5, self.vocabulary.size, self.dims.tp)
+            self.train_ds, self.valid_ds, self.test_ds = build_t5_training_datasets(config.data, config.t5, special,
+                                                                                    sizes)
+            self.collate, model_class = collate_t5, ParallelT5
+            self.tokens_per_sample = config.t5.encoder_seq_length + config.t5.decoder_seq_length
+        else:
+            self.shape = model_shape(config, self.vocabulary.size, self.dims.tp)
+            self.train_ds, self.valid_ds, self.test_ds = build_datasets(config.data, config.model.seq_length,
+                                                                        self.vocabulary, sizes)
+            self.collate, model_class = collate, ParallelModel
+            self.tokens_per_sample = config.model.seq_length
         self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
         coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
         self.dp_rank = coords["dp"]
         precision = config.precision
         autocast = torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else None
-        self.model = ParallelModel(self.shape, self.dims, self.mesh, config.parallelism, ctx.device, config.data.seed,
+        self.model = model_class(self.shape, self.dims, self.mesh, config.parallelism, ctx.device, config.data.seed,
                                    config.training.checkpoint_activations, autocast)
+        if config.checkpoint.load_hf is not None:
+            load_hf_weights(self.model.named_parameters(), config.checkpoint.load_hf, self.shape)
         torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
         self.params = [p for _, p in self.model.named_parameters()]
         uses_dtensors = self.dims.tp > 1 or self.model.uses_fsdp
@@ -114,7 +155,9 @@ class _Run:
             self._load()
         metrics_file = config.logging.metrics_file or str(Path(config.checkpoint.save or ".") / METRICS_FILE_NAME)
         self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0)
-        self.flops_per_token = model_flops_per_token(self.shape, config.model.seq_length)
+        self.flops_per_token = (t5_flops_per_token(self.shape, config.t5.encoder_seq_length,
+                                                   config.t5.decoder_seq_length) if self.is_t5
+                                else model_flops_per_token(self.shape, config.model.seq_length))
         self.peak_flops = device_peak_flops(ctx.device, autocast is not None)
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -137,7 +180,17 @@ class _Run:
 
     def _save(self) -> None:
         init_optimizer_state(self.optimizer)
-        save_checkpoint(self.config.checkpoint.save, self.iteration, self._state())
+        root = self.config.checkpoint.save
+        if self.ctx.rank == 0 and self.is_t5:
+            save_t5_model_config(root, self.shape, self.vocabulary.size, self.vocabulary.eod_id, self.vocabulary.pad_id,
+                                 T5_MODEL)
+        elif self.ctx.rank == 0:
+            # What the tensors cannot tell (head count, real vocabulary) and the tokenizer, so that
+            # `convert-checkpoint --to-hf` and `generate` need no extra flags.
+            save_model_config(root, CheckpointModel(self.shape, self.vocabulary.size, self.vocabulary.eod_id))
+            if self.config.checkpoint.load_hf is not None:
+                copy_tokenizer_files(self.config.checkpoint.load_hf, root)
+        save_checkpoint(root, self.iteration, self._state())
 
     def _load(self) -> None:
         root = self.config.checkpoint.load
@@ -145,11 +198,19 @@ class _Run:
         if iteration is None:
             logger.warning("no checkpoint in %s: training from scratch", root)
             return
+        with torch.device("meta"):
+            full_model = T5(self.shape) if self.is_t5 else GPT(self.shape)
+            model_names = frozenset(f"model.{name}" for name, _ in full_model.named_parameters())
+        if is_model_only_checkpoint(root, iteration):
+            # `convert-checkpoint --from-hf` writes weights only: the optimiser and counters start fresh.
+            model_state = {k: v for k, v in self._state().items() if k.startswith(MODEL_PREFIX)}
+            load_checkpoint(root, iteration, model_state, model_names=model_names)
+            if self.ctx.rank == 0:
+                logger.info("starting from the model weights of %s (iteration %d)", root, iteration)
+            return
         init_optimizer_state(self.optimizer)
         state = self._state()
         rng_names = frozenset(name for name in state if name.startswith("rng."))
-        with torch.device("meta"):
-            model_names = frozenset(f"model.{name}" for name, _ in GPT(self.shape).named_parameters())
         loaded = load_checkpoint(root, iteration, state, optional=rng_names, model_names=model_names)
         self.iteration = int(state["train.iteration"])
         self.consumed_samples = int(state["train.consumed_samples"])
@@ -186,7 +247,7 @@ class _Run:
         if dataset is None or self.config.logging.eval_iters == 0:
             return None
         batches = step_iterator(dataset, 0, self.dims.micro_batch_size, self.dims.num_microbatches, self.dp_rank,
-                                self.dims.dp, self.vocabulary.size)
+                                self.dims.dp, self.vocabulary.size, self.collate)
         self.model.set_train(False)
         self.model.loss_scale = 1.0
         total = 0.0
@@ -203,7 +264,8 @@ class _Run:
         result = TrainResult(iteration=self.iteration, consumed_samples=self.consumed_samples)
         gbs, train_iters = self.dims.global_batch_size, cfg.training.train_iters
         batches = Prefetcher(step_iterator(self.train_ds, self.consumed_samples, self.dims.micro_batch_size,
-                                           self.dims.num_microbatches, self.dp_rank, self.dims.dp, self.vocabulary.size))
+                                           self.dims.num_microbatches, self.dp_rank, self.dims.dp, self.vocabulary.size,
+                                           self.collate))
         window = _Window()
         self.model.set_train(True)
         try:
@@ -241,7 +303,7 @@ class _Run:
 
     def _stats(self, window: _Window, lr: float) -> TrainStats:
         seconds = window.seconds / window.count
-        tokens_per_second = self.dims.global_batch_size * self.config.model.seq_length / seconds
+        tokens_per_second = self.dims.global_batch_size * self.tokens_per_sample / seconds
         flops_per_device = tokens_per_second * self.flops_per_token / self.ctx.world_size
         return TrainStats(
             iteration=self.iteration, train_iters=self.config.training.train_iters,

@@ -16,18 +16,22 @@ from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from preprocess_testing import GOLDEN, GPT2_FLAGS, GPT2_MERGES, GPT2_VOCAB, sample_texts
 
 EOD_PREFIX = os.path.join(GOLDEN, "sample_en_eod_text_document")
+SP_MODEL = os.path.join(os.path.dirname(GOLDEN), "tokenizers", "sp-unigram.model")
+SP_FLAGS = ["--tokenizer-type", "SentencePieceTokenizer", "--tokenizer-model", SP_MODEL]
 
 
 def test_report_matches_the_arrays():
     report = inspect_dataset(EOD_PREFIX + ".idx")
     dataset = IndexedDataset(EOD_PREFIX)
     lengths = dataset.sequence_lengths
-    assert (report.version, report.dtype, report.sequences, report.documents) == (1, "uint16", 232, 232)
+    assert (report.format, report.version, report.dtype, report.sequences, report.documents) == (
+        "mmap", "1", "uint16", 232, 232)
     assert report.tokens == int(lengths.sum()) and report.max_token_id == 50256
     assert report.sequence_lengths.min == lengths.min() and report.sequence_lengths.max == lengths.max()
     assert report.sequence_lengths.median == float(np.median(lengths))
     assert report.sequence_lengths.p99 == float(np.percentile(lengths, 99))
-    assert report.bin_bytes == 2 * report.tokens and report.idx_bytes == 34 + 12 * 232 + 8 * 233
+    sizes = {os.path.splitext(name)[1]: size for name, size in report.files.items()}
+    assert sizes == {".bin": 2 * report.tokens, ".idx": 34 + 12 * 232 + 8 * 233}
 
 
 def test_json_output_with_decoded_documents(capsys):
@@ -137,3 +141,48 @@ def test_training_view_bad_split_is_one_line(copy_of_golden, tmp_path, capsys):
     assert inspect_cli.main(argv) != 0
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("inspect-index: error: ")
+
+
+@pytest.fixture(scope="module")
+def sentence_prefix(tmp_path_factory):
+    """`preprocess-data --split-sentences` of the sample documents with Megatron's SentencePieceTokenizer."""
+    from preprocess.cli import main as preprocess_data
+
+    prefix = tmp_path_factory.mktemp("t5_view") / "en"
+    assert preprocess_data(["--input", os.path.join(os.path.dirname(GOLDEN), "sample_en.jsonl"),
+                            "--output-prefix", str(prefix), "--split-sentences", *SP_FLAGS, "--workers", "1"]) == 0
+    return f"{prefix}_text_sentence"
+
+
+def test_t5_training_view_shows_the_span_corrupted_samples_training_reads(sentence_prefix, tmp_path, capsys):
+    from preprocess.tokenizers.t5 import t5_special_ids
+    from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets
+
+    argv = [sentence_prefix, "--model", "t5", "--seq-length", "64", "--decoder-seq-length", "32", "--split", "98,2,0",
+            "--samples", "0,-1", "--data-cache-path", str(tmp_path), "--json", *SP_FLAGS]
+    assert inspect_cli.main(argv) == 0
+    train_view, valid_view, test_view = json.loads(capsys.readouterr().out)["training"]["splits"]
+
+    tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type="SentencePieceTokenizer", tokenizer_model=SP_MODEL))
+    special = t5_special_ids(tokenizer, "SentencePieceTokenizer", vocab_extra_ids=100)
+    config = T5DatasetConfig(data_prefix=sentence_prefix, sentinel_ids=special.sentinels, pad_id=special.pad,
+                             decoder_start_id=special.decoder_start, eos_id=special.eos, split="98,2,0",
+                             encoder_seq_length=64, decoder_seq_length=32, path_to_cache=str(tmp_path))
+    train = build_t5_datasets(config)[0]
+    assert test_view is None and valid_view["num_samples"] > 0
+    assert train_view["num_samples"] == len(train)
+    first = train.view(0)
+    sample = train_view["samples"]["0"]
+    assert sample["encoder_input"] == first.encoder_input.tolist()
+    assert sample["decoder_target"] == first.decoder_target.tolist()
+    assert sample["encoder_text"].count("<extra_id_0>") == 1 and "<extra_id_0>" in sample["target_text"]
+
+
+def test_t5_training_view_text_needs_a_tokenizer(sentence_prefix, tmp_path, capsys):
+    assert inspect_cli.main([sentence_prefix, "--model", "t5", "--seq-length", "64", "--decoder-seq-length", "32",
+                             "--data-cache-path", str(tmp_path), *SP_FLAGS]) == 0
+    out = capsys.readouterr().out
+    assert "training view   t5, encoder 64, decoder 32" in out and "input:  " in out and "target: <extra_id_0>" in out
+    assert inspect_cli.main([sentence_prefix, "--model", "t5", "--seq-length", "64"]) == 1
+    assert capsys.readouterr().err.strip() == ("inspect-index: error: --model t5 needs the tokenizer "
+                                               "(its pad, EOS and sentinel ids)")

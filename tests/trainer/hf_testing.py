@@ -1,32 +1,21 @@
 """Shared pieces of the HF interop and generation tests: tiny random GPT-2s made locally with
-transformers (never downloaded), and the workers the multi-process tests spawn."""
+transformers (never downloaded), and the jobs the multi-process tests run (`process_testing.run_jobs`)."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import shutil
-import socket
-import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 # The brief's tiny model: 2 layers, hidden 64, 4 heads; large init so logits are far apart (no argmax ties).
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "initializer_range": 0.5}
 TINY_VOCAB = 300
 EOS = TINY_VOCAB - 1
 LOGIT_TOLERANCE = 1e-5
-# Seconds a multi-process launch may take before its processes are killed.
-LAUNCH_TIMEOUT_S = 300
 DATA_TEST = Path(__file__).resolve().parents[2] / "data_test"
-# One job of a multi-process run: a module-level function, its positional and keyword arguments.
-Job = tuple[Callable[..., Any], tuple, dict]
 
 
 def make_tiny_hf(directory: Path, vocab_size: int = TINY_VOCAB, seed: int = 0,
@@ -66,12 +55,6 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
                                       pad_token_id=model.config.eos_token_id)
             out.append(sequence[0, len(ids):].tolist())
     return out
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- multi-process jobs ----------------------------------------------------------------------------------
@@ -127,43 +110,3 @@ def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
         model.run(batches, train=True)
         optimizer.step()
     save_checkpoint(save, steps, {MODEL_PREFIX + n: p.detach() for n, p in model.named_parameters()})
-
-
-def _worker(rank: int, world_size: int, port: int, jobs: list[Job], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        results = [function(*args, **kwargs) for function, args, kwargs in jobs]
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(results))
-
-
-def run_jobs(world_size: int, jobs: list[Job], workdir: Path) -> list:
-    """Run ``(function, args, kwargs)`` jobs one after another in ``world_size`` gloo processes.
-
-    The functions must be importable module-level functions (the children are spawned) and return
-    JSON-serialisable results.
-
-    Returns:
-        Rank 0's results.
-
-    Raises:
-        TimeoutError: the launch exceeded LAUNCH_TIMEOUT_S (processes are killed, never left hanging).
-    """
-    out = workdir / f"results-{time.monotonic_ns()}.json"
-    context = mp.start_processes(_worker, args=(world_size, free_port(), jobs, str(out)), nprocs=world_size,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{world_size}-process run did not finish in {LAUNCH_TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return json.loads(out.read_text())

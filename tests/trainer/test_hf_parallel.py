@@ -17,15 +17,14 @@ import torch
 from hf_testing import (
     LOGIT_TOLERANCE,
     TINY_VOCAB,
-    free_port,
     hf_greedy,
     hf_model,
     job_generate,
     job_train,
     make_tiny_hf,
     prompt_batch,
-    run_jobs,
 )
+from process_testing import free_port, run_jobs
 
 from trainer.generate_cli import main
 from trainer.hf_convert import checkpoint_model, export_hf_checkpoint, import_hf_checkpoint, read_checkpoint_state

@@ -7,9 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from preprocess.errors import TokenizerError
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
+from preprocess.tokenizers.t5 import t5_special_ids
 from trainer.errors import TrainConfigError
-from trainer.t5_data import IGNORE_INDEX, collate_t5, t5_special_ids
+from trainer.t5_data import IGNORE_INDEX, collate_t5
 
 TOKENIZERS = Path(__file__).resolve().parents[2] / "data_test" / "tokenizers"
 
@@ -37,7 +39,7 @@ def test_wordpiece_gets_megatron_bos_eos_then_sentinels():
 def test_plain_sentencepiece_without_pad_is_refused():
     tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type="GPTSentencePieceTokenizer",
                                                 tokenizer_model=str(TOKENIZERS / "sp-unigram.model")))
-    with pytest.raises(TrainConfigError, match="pad and EOS"):
+    with pytest.raises(TokenizerError, match="pad and EOS"):
         t5_special_ids(tokenizer, "GPTSentencePieceTokenizer", vocab_extra_ids=100)
 
 
@@ -45,7 +47,7 @@ def test_gpt2_has_no_t5_convention(data_test):
     tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type="GPT2BPETokenizer",
                                                 vocab_file=str(data_test / "gpt2" / "gpt2-vocab.json"),
                                                 merge_file=str(data_test / "gpt2" / "gpt2-merges.txt")))
-    with pytest.raises(TrainConfigError, match="SentencePiece or WordPiece"):
+    with pytest.raises(TokenizerError, match="SentencePiece or WordPiece"):
         t5_special_ids(tokenizer, "GPT2BPETokenizer", vocab_extra_ids=100)
 
 
@@ -117,8 +119,8 @@ def test_split_sentence_corpus_to_t5_samples_end_to_end(t5_style_spm, sentence_p
 
 
 def test_run_settings_build_the_model_shape_and_datasets(t5_style_spm, sentence_prefix, tmp_path):
-    from trainer.config import DataConfig, ModelConfig
-    from trainer.t5_config import T5Config, build_t5_training_datasets, resolve_t5_special_ids, t5_shape
+    from trainer.config import DataConfig, ModelConfig, T5Config
+    from trainer.t5_config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
 
     model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, make_vocab_size_divisible_by=128)
     t5 = T5Config(encoder_seq_length=64, decoder_seq_length=24, decoder_num_layers=3, feed_forward_proj="gated-gelu",

@@ -145,3 +145,56 @@ def test_pytorch_model_bin_loads_like_safetensors(tmp_path):
     encoder, mask, decoder = batch()
     with torch.no_grad():
         assert torch.equal(model(encoder, decoder, mask), reference(encoder, decoder, mask))
+
+
+@pytest.mark.parametrize("variant", ["t5", "mt5"])
+def test_generate_command_on_a_t5_directory_matches_hf_greedy(tmp_path, variant, capsys):
+    import json
+
+    from trainer.generate_cli import main
+
+    directory = make_hf(tmp_path / variant, variant)
+    encoder, mask, _ = batch()
+    prompts = [row[m.bool()].tolist() for row, m in zip(encoder, mask)]
+    argv = ["--load", str(directory), "--greedy", "--json", "--max-new-tokens", "8", "--device", "cpu"]
+    for prompt in prompts:
+        argv += ["--prompt-ids", " ".join(map(str, prompt))]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    reference = hf_model(directory, variant)
+    for record, prompt in zip(records, prompts, strict=True):
+        with torch.no_grad():
+            # One prompt per call: no padding, and generation stops right after EOS.
+            expected = reference.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=8,
+                                          decoder_start_token_id=PAD, use_cache=False)[0, 1:].tolist()
+        assert record["prompt"] == prompt and record["ids"] == expected
+
+
+def test_generate_command_refuses_a_t5_directory_on_several_processes(tmp_path, capsys):
+    from trainer.generate_cli import main
+
+    directory = make_hf(tmp_path / "t5", "t5")
+    assert main(["--load", str(directory), "--prompt-ids", "5 6", "--nproc-per-node", "2"]) == 2
+    assert "T5 generation runs in one process" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("variant", ["t5", "mt5"])
+def test_convert_checkpoint_round_trips_t5_directories(tmp_path, variant):
+    from trainer.convert_cli import main
+    from trainer.t5_convert import read_t5_model_config
+
+    directory = make_hf(tmp_path / variant, variant)
+    assert main(["--from-hf", str(directory), "--to", str(tmp_path / "ckpt")]) == 0
+    info = read_t5_model_config(tmp_path / "ckpt")
+    # The vocabulary is padded as train pads it (multiple of 128); the real size is kept.
+    assert (info["shape"].vocab_size, info["vocab_size"], info["model_type"]) == (256, VOCAB, variant)
+    assert main(["--from", str(tmp_path / "ckpt"), "--to-hf", str(tmp_path / "back")]) == 0
+
+    assert read_hf_config(tmp_path / "back")["model_type"] == variant
+    encoder, mask, decoder = batch()
+    with torch.no_grad():
+        want = hf_model(directory, variant)(input_ids=encoder, attention_mask=mask, decoder_input_ids=decoder).logits
+        got = hf_model(tmp_path / "back", variant)(input_ids=encoder, attention_mask=mask,
+                                                    decoder_input_ids=decoder).logits
+    assert torch.equal(got, want)

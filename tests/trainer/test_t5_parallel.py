@@ -8,17 +8,12 @@ run within LOSS_TOLERANCE. Both the tied, scaled v1.0 variant and the untied gat
 
 from __future__ import annotations
 
-import json
-import os
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from hf_testing import LAUNCH_TIMEOUT_S, free_port
+from process_testing import run_jobs
 
 from indexed_dataset import IndexedDatasetWriter
 from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets
@@ -88,35 +83,6 @@ def run_parallel_t5(variant: dict, batches, layers: tuple[int, int] = (2, 2), pp
     return losses
 
 
-def _worker(rank: int, world_size: int, port: int, jobs: list, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        results = [function(*args, **kwargs) for function, args, kwargs in jobs]
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(results))
-
-
-def launch(world_size: int, jobs: list, workdir: Path) -> list:
-    """Run (function, args, kwargs) jobs in turn in ``world_size`` gloo processes; rank 0's results."""
-    out = workdir / f"t5-results-{time.monotonic_ns()}.json"
-    context = mp.start_processes(_worker, args=(world_size, free_port(), jobs, str(out)), nprocs=world_size,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{world_size}-process run did not finish in {LAUNCH_TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return json.loads(out.read_text())
-
-
 def test_stage_layer_ranges_cover_encoder_then_decoder():
     assert t5_stage_layers(2, 2, 0, 2) == (range(0, 2), range(0, 0))
     assert t5_stage_layers(2, 2, 1, 2) == (range(2, 2), range(0, 2))
@@ -149,7 +115,7 @@ def test_tp_pp_dp_follow_the_single_process_losses(tmp_path):
         if key not in references:
             references[key] = run_parallel_t5(variant, batches, layers=key[1])
     assert all(losses[-1] < losses[0] for losses in references.values()), "the references should learn"
-    results = launch(2, [(run_parallel_t5, (variant, batches), layout) for variant, layout in LAYOUTS.values()],
+    results = run_jobs(2, [(run_parallel_t5, (variant, batches), layout) for variant, layout in LAYOUTS.values()],
                      tmp_path)
     for (name, (variant, layout)), losses in zip(LAYOUTS.items(), results):
         reference = references[(variant["feed_forward"], layout.get("layers", (2, 2)))]

@@ -1,25 +1,19 @@
-"""Shared pieces of the trainer tests: the tiny model/data config and a gloo process launcher.
+"""Shared pieces of the trainer tests: the tiny model/data config, and `train` runs in gloo processes
+(`process_testing.run_jobs`; several configurations share one launch).
 
-Several configurations run inside one launch (the process group is created once, each `train` call
-builds its own mesh), because starting a CPU process costs seconds and a run of the tiny model less.
 The module is imported by the spawned children too (multiprocessing passes ``sys.path`` on).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import socket
-import time
 from pathlib import Path
 
 import numpy as np
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter
+from process_testing import run_jobs
 from trainer.cli_args import option_name
 from trainer.config import (
     CheckpointConfig,
@@ -37,8 +31,6 @@ from trainer.train import train
 TINY_VOCAB = 256
 TINY_DIVISIBLE_BY = 64
 TINY_STEPS = 10
-# Seconds a whole multi-process launch may take before its processes are killed.
-LAUNCH_TIMEOUT_S = 420
 
 
 def write_tiny_dataset(golden_prefix: str, prefix: str) -> str:
@@ -101,41 +93,10 @@ def result_record(config: TrainConfig) -> dict:
     return dataclasses.asdict(train(config))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, world_size: int, port: int, configs: list[TrainConfig], out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size)
-    try:
-        records = [result_record(config) for config in configs]
-    finally:
-        dist.destroy_process_group()
-    if rank == 0:
-        Path(out).write_text(json.dumps(records))
-
-
 def run_in_processes(world_size: int, configs: list[TrainConfig], workdir: Path) -> list[dict]:
     """Run ``configs`` one after another in ``world_size`` gloo processes; rank 0's results.
 
     Raises:
-        TimeoutError: the launch exceeded LAUNCH_TIMEOUT_S (processes are killed, never left hanging).
+        TimeoutError: the launch exceeded its time limit (processes are killed, never left hanging).
     """
-    out = workdir / f"results-{time.monotonic_ns()}.json"
-    context = mp.start_processes(_worker, args=(world_size, _free_port(), configs, str(out)), nprocs=world_size,
-                                 join=False, start_method="spawn")
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
-    try:
-        while not context.join(timeout=1):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{world_size}-process run did not finish in {LAUNCH_TIMEOUT_S} s")
-    finally:
-        for process in context.processes:
-            if process.is_alive():
-                process.kill()
-    return json.loads(out.read_text())
+    return run_jobs(world_size, [(result_record, (config,), {}) for config in configs], workdir)
