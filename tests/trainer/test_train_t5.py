@@ -21,6 +21,7 @@ from trainer.config import (
     ModelConfig,
     OptimizerConfig,
     ParallelismConfig,
+    PrecisionConfig,
     T5Config,
     TrainConfig,
     TrainingConfig,
@@ -128,3 +129,12 @@ def test_t5_layout_rules_name_the_decoder_layers(sentence_prefix, data_test, t5_
                                                                        sequence_parallel=True))
     with pytest.raises(TrainConfigError, match="sequence_parallel is not implemented for model t5"):
         resolve_parallel_dims(config, 2)
+
+
+def test_bf16_and_activation_checkpointing_follow_the_fp32_run(sentence_prefix, data_test, t5_reference):
+    config = t5_config(sentence_prefix, data_test, t5_reference["cache"])
+    recomputed = dataclasses.replace(config, training=dataclasses.replace(config.training, checkpoint_activations=True))
+    assert result_record(recomputed)["losses"] == t5_reference["result"]["losses"]
+    bf16 = dataclasses.replace(config, precision=PrecisionConfig(bf16=True))
+    losses = result_record(bf16)["losses"]
+    assert all(abs(a - b) < 0.05 for a, b in zip(losses, t5_reference["result"]["losses"]))
