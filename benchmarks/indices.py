@@ -1,7 +1,7 @@
 """Index build time: our numba kernels vs their numpy twins (and megatron-core's C++ helpers if given).
 
-    python benchmarks/indices.py                          # ours vs the numpy reference
-    python benchmarks/indices.py --megatron-helpers /path/to/helpers_cpp.cpython-311-x86_64-linux-gnu.so
+    python -m benchmarks.indices                          # ours vs the numpy reference
+    python -m benchmarks.indices --megatron-helpers /path/to/helpers_cpp.cpython-311-x86_64-linux-gnu.so
 
     # the megatron-core baseline: its wheel ships the compiled helpers (nothing is installed)
     pip download --no-deps megatron-core==0.16.1 -d /tmp/mcore && cd /tmp/mcore && python -m zipfile -e *.whl .

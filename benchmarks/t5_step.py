@@ -7,8 +7,8 @@ norm (`trainer.grads`) and runs AdamW with Megatron's parameter groups (`trainer
 baseline trains on batches already in memory with `clip_grad_norm_` and one AdamW group. Steps alternate between the two (both
 see the same load); a round's figure is its median step time, the reported one the median of rounds.
 
-    python benchmarks/t5_step.py                 # tokens/s of both, the ratio, sample building rate
-    python benchmarks/t5_step.py --rounds 5 --steps 10 --d-model 512
+    python -m benchmarks.t5_step                 # tokens/s of both, the ratio, sample building rate
+    python -m benchmarks.t5_step --rounds 5 --steps 10 --d-model 512
 
 It also times the global gradient norm alone on the model's last gradients (median of 7): ours,
 the float64 upcast it replaced, and PyTorch's float32 `get_total_norm`, with their errors.
@@ -90,7 +90,7 @@ def norm_timings(params: list[torch.nn.Parameter], repeats: int) -> dict[str, tu
     grads = [p.grad for p in params]
     exact = float(sum(g.to(torch.float64).pow(2).sum() for g in grads).sqrt())
     candidates = {
-        "ours (float64 per-tensor norms)": lambda: global_grad_norm(params, None),
+        "ours (float32 per-tensor norms, float64 sum)": lambda: global_grad_norm(params, None),
         "float64 upcast and square": lambda: sum(g.to(torch.float64).pow(2).sum() for g in grads).sqrt(),
         "get_total_norm (float32)": lambda: torch.nn.utils.get_total_norm(grads),
     }

@@ -5,8 +5,8 @@ shape in this process. `train` reads its batches from a token file through the s
 prefetch thread; the baseline loop trains on batches already in memory. Rounds alternate between the
 two; each round's figure is the median step time over its measured steps (warm-up steps dropped).
 
-    python benchmarks/train_step.py            # prints tokens/s of both, the ratio, and data time per step
-    python benchmarks/train_step.py --rounds 5 --steps 30
+    python -m benchmarks.train_step            # prints tokens/s of both, the ratio, and data time per step
+    python -m benchmarks.train_step --rounds 5 --steps 30
 
 Targets: ratio >= 0.95; data loading time < 5% of the step time.
 """
