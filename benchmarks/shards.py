@@ -16,7 +16,7 @@
 4. MindRecord's CompressInt on the first documents (about `KERNEL_SAMPLE_TOKENS` tokens): the numba
    kernels against their numpy reference twins, outputs checked equal.
 
-Build the corpus first: `bash /work/shared/bench/make_corpus.sh bench_data`.
+Build the corpus first: `bash benchmarks/make_corpus.sh bench_data`.
 """
 
 from __future__ import annotations
