@@ -41,7 +41,7 @@ from indexed_dataset.compress_int import (
     decompress_int_rows_reference,
 )
 from indexed_dataset.convert import DEFAULT_BATCH_DOCUMENTS
-from indexed_dataset.formats import FORMATS, open_reader, open_writer, read_documents
+from indexed_dataset.formats import FORMATS, open_reader, open_writer
 from preprocess.config import PreprocessConfig
 from preprocess.pipeline import preprocess_data
 from preprocess.tokenizers import TokenizerConfig
@@ -76,7 +76,7 @@ def tokenize(corpus: str, output_prefix: str, workers: int) -> None:
 def write_all(source: IndexedDataset, fmt: str, path: str) -> None:
     with open_writer(fmt, path, source.dtype) as writer:
         for first in range(0, source.num_documents, DEFAULT_BATCH_DOCUMENTS):
-            batch = read_documents(source, first, min(first + DEFAULT_BATCH_DOCUMENTS, source.num_documents))
+            batch = source.read_documents(first, min(first + DEFAULT_BATCH_DOCUMENTS, source.num_documents))
             writer.add_documents(batch.tokens, batch.sequence_lengths, batch.document_sequence_counts)
 
 
@@ -86,14 +86,14 @@ def read_all(path: str) -> np.uint64:
     total = np.uint64(0)
     num_documents = len(reader.document_indices) - 1
     for first in range(0, num_documents, DEFAULT_BATCH_DOCUMENTS):
-        tokens = read_documents(reader, first, min(first + DEFAULT_BATCH_DOCUMENTS, num_documents)).tokens
+        tokens = reader.read_documents(first, min(first + DEFAULT_BATCH_DOCUMENTS, num_documents)).tokens
         total += tokens.sum(dtype=np.uint64)
     return total
 
 
 def compress_int_rates(source: IndexedDataset, runs: int) -> None:
     """Print CompressInt encode and decode rates: numba kernels vs numpy twins, on real documents."""
-    corpus = read_documents(source, 0, source.num_documents)  # views of the memory map
+    corpus = source.read_documents(0, source.num_documents)  # views of the memory map
     offsets = corpus.document_token_offsets()
     batch = corpus.documents(0, max(int(np.searchsorted(offsets, KERNEL_SAMPLE_TOKENS, "right")) - 1, 1))
     counts = np.diff(batch.document_token_offsets())

@@ -4,7 +4,7 @@ Arrow shards and MindRecord (through `open_writer` / `open_reader`, loaded on fi
 from .convert import convert
 from .errors import IndexFormatError, ShardFormatError, TokenmillError, TokenRangeError
 from .format import DType, data_file_path, index_file_path, optimal_dtype
-from .formats import FORMATS, format_of, open_reader, open_writer, read_documents
+from .formats import FORMATS, format_of, open_reader, open_writer
 from .merge import merge_datasets, prefixes_in_directory
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
@@ -27,5 +27,4 @@ __all__ = [
     "open_writer",
     "optimal_dtype",
     "prefixes_in_directory",
-    "read_documents",
 ]

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .formats import FORMATS, has_one_sequence_per_document, open_reader, open_writer, read_documents
+from .formats import FORMATS, has_one_sequence_per_document, open_reader, open_writer
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def convert(
     num_documents = len(reader.document_indices) - 1
     with open_writer(target_format, output_path, target_dtype, **writer_options) as writer:
         for first in range(0, num_documents, batch_documents):
-            batch = read_documents(reader, first, min(first + batch_documents, num_documents))
+            batch = reader.read_documents(first, min(first + batch_documents, num_documents))
             writer.add_documents(batch.tokens, batch.sequence_lengths, batch.document_sequence_counts)
     logger.info(
         "converted %d documents (%d tokens) from %s to %s %s in %.1f s",

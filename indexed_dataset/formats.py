@@ -22,76 +22,18 @@ import abc
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .errors import ShardFormatError, TokenmillError, TokenRangeError
-from .protocol import SequenceCounts
+from .protocol import DocumentBatch, SequenceCounts, has_one_sequence_per_document
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
 FORMATS = ("mmap", "arrow", "mindrecord")
 ARROW_STATE_FILE = "state.json"
 _MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")
-
-
-@dataclass(frozen=True)
-class DocumentBatch:
-    """Consecutive documents in the writers' flat layout.
-
-    Attributes:
-        tokens: [N] token ids of every sequence, concatenated.
-        sequence_lengths: int64 [S], tokens per sequence (sums to N).
-        document_sequence_counts: int64 [D], sequences per document (sums to S; 0 = empty document).
-    """
-
-    tokens: np.ndarray
-    sequence_lengths: np.ndarray
-    document_sequence_counts: np.ndarray
-
-    @property
-    def num_documents(self) -> int:
-        return len(self.document_sequence_counts)
-
-    def document_token_offsets(self) -> np.ndarray:
-        """int64 [D+1]: where each document starts in `tokens` (last entry N)."""
-        sequence_offsets = np.zeros(len(self.sequence_lengths) + 1, dtype=np.int64)
-        np.cumsum(self.sequence_lengths, out=sequence_offsets[1:])
-        first_sequences = np.zeros(self.num_documents + 1, dtype=np.int64)
-        np.cumsum(self.document_sequence_counts, out=first_sequences[1:])
-        return sequence_offsets[first_sequences]
-
-    def has_one_sequence_per_document(self) -> bool:
-        return has_one_sequence_per_document(self.sequence_lengths, self.document_sequence_counts)
-
-    def documents(self, first: int, last: int) -> "DocumentBatch":
-        """Documents `[first, last)` of this batch (views, no copy)."""
-        first_sequences = np.zeros(self.num_documents + 1, dtype=np.int64)
-        np.cumsum(self.document_sequence_counts, out=first_sequences[1:])
-        offsets = self.document_token_offsets()
-        return DocumentBatch(
-            self.tokens[offsets[first] : offsets[last]],
-            self.sequence_lengths[first_sequences[first] : first_sequences[last]],
-            self.document_sequence_counts[first:last],
-        )
-
-
-def has_one_sequence_per_document(sequence_lengths: np.ndarray, document_sequence_counts: np.ndarray) -> bool:
-    """True when a row-per-document layout keeps every boundary without a `sequence_lengths` field:
-    each non-empty document is one sequence and each empty document has none.
-
-    Args:
-        sequence_lengths: int [S] tokens per sequence.
-        document_sequence_counts: int [D] sequences per document.
-    """
-    sequence_offsets = np.zeros(len(sequence_lengths) + 1, dtype=np.int64)
-    np.cumsum(sequence_lengths, out=sequence_offsets[1:])
-    first_sequences = np.zeros(len(document_sequence_counts) + 1, dtype=np.int64)
-    np.cumsum(document_sequence_counts, out=first_sequences[1:])
-    token_counts = np.diff(sequence_offsets[first_sequences])
-    return bool(np.array_equal(document_sequence_counts, (token_counts > 0).astype(document_sequence_counts.dtype)))
 
 
 def check_document_batch(
@@ -241,20 +183,6 @@ class RowDocumentsReader(SequenceCounts, abc.ABC):
             self.sequence_lengths[first_sequence:last_sequence].astype(np.int64),
             np.diff(self.document_indices[first : last + 1]),
         )
-
-
-def read_documents(reader: Any, first: int, last: int) -> DocumentBatch:
-    """Documents `[first, last)` of any reader `open_reader` returns, in the writers' flat layout."""
-    if not isinstance(reader, IndexedDataset):
-        return reader.read_documents(first, last)
-    first_sequence, last_sequence = int(reader.document_indices[first]), int(reader.document_indices[last])
-    lengths = reader.sequence_lengths[first_sequence:last_sequence].astype(np.int64)
-    if last_sequence > first_sequence:
-        start = int(reader.sequence_pointers[first_sequence]) // reader.dtype.itemsize
-        tokens = reader.tokens[start : start + int(lengths.sum())]
-    else:
-        tokens = reader.tokens[:0]
-    return DocumentBatch(tokens, lengths, np.diff(reader.document_indices[first : last + 1]))
 
 
 def format_of(path: str) -> str:

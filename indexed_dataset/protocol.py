@@ -10,10 +10,68 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .errors import TokenmillError
+
+
+@dataclass(frozen=True)
+class DocumentBatch:
+    """Consecutive documents in the writers' flat layout.
+
+    Attributes:
+        tokens: [N] token ids of every sequence, concatenated.
+        sequence_lengths: int64 [S], tokens per sequence (sums to N).
+        document_sequence_counts: int64 [D], sequences per document (sums to S; 0 = empty document).
+    """
+
+    tokens: np.ndarray
+    sequence_lengths: np.ndarray
+    document_sequence_counts: np.ndarray
+
+    @property
+    def num_documents(self) -> int:
+        return len(self.document_sequence_counts)
+
+    def document_token_offsets(self) -> np.ndarray:
+        """int64 [D+1]: where each document starts in `tokens` (last entry N)."""
+        sequence_offsets = np.zeros(len(self.sequence_lengths) + 1, dtype=np.int64)
+        np.cumsum(self.sequence_lengths, out=sequence_offsets[1:])
+        first_sequences = np.zeros(self.num_documents + 1, dtype=np.int64)
+        np.cumsum(self.document_sequence_counts, out=first_sequences[1:])
+        return sequence_offsets[first_sequences]
+
+    def has_one_sequence_per_document(self) -> bool:
+        return has_one_sequence_per_document(self.sequence_lengths, self.document_sequence_counts)
+
+    def documents(self, first: int, last: int) -> "DocumentBatch":
+        """Documents `[first, last)` of this batch (views, no copy)."""
+        first_sequences = np.zeros(self.num_documents + 1, dtype=np.int64)
+        np.cumsum(self.document_sequence_counts, out=first_sequences[1:])
+        offsets = self.document_token_offsets()
+        return DocumentBatch(
+            self.tokens[offsets[first] : offsets[last]],
+            self.sequence_lengths[first_sequences[first] : first_sequences[last]],
+            self.document_sequence_counts[first:last],
+        )
+
+
+def has_one_sequence_per_document(sequence_lengths: np.ndarray, document_sequence_counts: np.ndarray) -> bool:
+    """True when a row-per-document layout keeps every boundary without a `sequence_lengths` field:
+    each non-empty document is one sequence and each empty document has none.
+
+    Args:
+        sequence_lengths: int [S] tokens per sequence.
+        document_sequence_counts: int [D] sequences per document.
+    """
+    sequence_offsets = np.zeros(len(sequence_lengths) + 1, dtype=np.int64)
+    np.cumsum(sequence_lengths, out=sequence_offsets[1:])
+    first_sequences = np.zeros(len(document_sequence_counts) + 1, dtype=np.int64)
+    np.cumsum(document_sequence_counts, out=first_sequences[1:])
+    token_counts = np.diff(sequence_offsets[first_sequences])
+    return bool(np.array_equal(document_sequence_counts, (token_counts > 0).astype(document_sequence_counts.dtype)))
 
 
 class SequenceCounts:

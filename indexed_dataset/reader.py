@@ -33,7 +33,7 @@ from .format import (
     sequence_pointers,
     strip_suffix,
 )
-from .protocol import SequenceCounts
+from .protocol import DocumentBatch, SequenceCounts
 
 
 def _map_file(path: str) -> Union[mmap.mmap, bytes]:
@@ -168,12 +168,16 @@ class IndexedDataset(SequenceCounts):
         """All tokens of document `index` (its sequences are contiguous in `.bin`)."""
         if not 0 <= index < self.num_documents:
             raise IndexError(f"{self.prefix}: document {index} out of range [0, {self.num_documents})")
-        first, last = int(self.document_indices[index]), int(self.document_indices[index + 1])
-        if first == last:
-            return self.tokens[:0]
-        start = int(self.sequence_pointers[first]) // self.dtype.itemsize
-        stop = int(self.sequence_pointers[last - 1]) // self.dtype.itemsize + int(self.sequence_lengths[last - 1])
-        return self.tokens[start:stop]
+        return self.read_documents(index, index + 1).tokens
+
+    def read_documents(self, first: int, last: int) -> DocumentBatch:
+        """Documents `[first, last)` in the writers' flat layout (token views, no copy)."""
+        first_sequence, last_sequence = int(self.document_indices[first]), int(self.document_indices[last])
+        lengths = self.sequence_lengths[first_sequence:last_sequence].astype(np.int64)
+        start = int(self.sequence_pointers[first_sequence]) // self.dtype.itemsize if lengths.size else 0
+        return DocumentBatch(
+            self.tokens[start : start + int(lengths.sum())], lengths, np.diff(self.document_indices[first : last + 1])
+        )
 
     def validate(self) -> None:
         """The full consistency check of every array.

@@ -86,10 +86,9 @@ def format_version(fmt: str, dataset) -> str:
     return "save_to_disk"
 
 
-def scan_tokens(fmt: str, dataset) -> int:
-    """The largest token id (-1 for no tokens), reading every document once in bounded blocks."""
-    if fmt == "mmap":
-        return int(dataset.tokens.max()) if len(dataset.tokens) else -1
+def scan_tokens(dataset) -> int:
+    """The largest token id (-1 for no tokens), reading every document once in bounded blocks (for the
+    row formats this also decodes, and so checks, every row)."""
     largest = -1
     for first in range(0, dataset.num_documents, SCAN_DOCUMENTS):
         tokens = dataset.read_documents(first, min(first + SCAN_DOCUMENTS, dataset.num_documents)).tokens
@@ -129,7 +128,7 @@ def inspect_dataset(path: str) -> DatasetReport:
         tokens=int(dataset.num_tokens),
         sequence_lengths=LengthStats.of(dataset.sequence_lengths),
         document_lengths=LengthStats.of(documents),
-        max_token_id=scan_tokens(fmt, dataset),
+        max_token_id=scan_tokens(dataset),
         files={file: os.path.getsize(file) for file in dataset_files(fmt, dataset)},
     )
 
@@ -146,7 +145,7 @@ def validate_dataset(path: str, tokenizer: Tokenizer | None = None) -> None:
     if fmt == "mmap":
         dataset.validate()
     # Row formats are checked by decoding every row: the readers verify each row's framing and size.
-    max_id = scan_tokens(fmt, dataset)
+    max_id = scan_tokens(dataset)
     if tokenizer is not None and max_id >= tokenizer.vocab_size:
         raise TokenmillError(f"{path}: token id {max_id} >= the tokenizer's vocab size {tokenizer.vocab_size}")
 

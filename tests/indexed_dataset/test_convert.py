@@ -10,7 +10,7 @@ import pytest
 
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter, TokenmillError
 from indexed_dataset.convert import convert
-from indexed_dataset.formats import FORMATS, format_of, open_reader, open_writer, read_documents
+from indexed_dataset.formats import FORMATS, format_of, open_reader, open_writer
 from preprocess.convert_cli import main
 
 TARGET_NAMES = {"mmap": "out_text_document", "arrow": "out_arrow", "mindrecord": "out.mindrecord"}
@@ -33,7 +33,7 @@ def assert_same_dataset(reader, source: IndexedDataset) -> None:
     assert reader.sequence_lengths.tolist() == source.sequence_lengths.tolist()
     assert reader.document_indices.tolist() == source.document_indices.tolist()
     assert reader.num_tokens == source.num_tokens
-    batch = read_documents(reader, 0, source.num_documents)
+    batch = reader.read_documents(0, source.num_documents)
     assert np.array_equal(batch.tokens, source.tokens)
     assert all(np.array_equal(reader[i], source[i]) for i in range(0, len(source), 17))
 
