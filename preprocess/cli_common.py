@@ -23,12 +23,13 @@ def setup_logging() -> None:
 def run_command(prog: str, command: Callable[[], int]) -> int:
     """Run `command`; our errors become `prog: error: message` on stderr and a non-zero exit code.
 
-    ValueError comes from config validation (a bad flag value) and exits with the usage code; a bug
-    elsewhere still shows its traceback.
+    ValueError comes from config validation (a bad flag value) and exits with the usage code; an
+    OSError (a full disk, an unreadable file) names its file in its message; a bug elsewhere still
+    shows its traceback.
     """
     try:
         return command()
-    except TokenmillError as error:
+    except (TokenmillError, OSError) as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except ValueError as error:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import glob
 import gzip
+import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
@@ -143,6 +144,28 @@ def zstd_available() -> bool:
     return pa.Codec.is_available("zstd")
 
 
+class _CountingReader(io.RawIOBase):
+    """A binary file that counts the bytes read from it: the on-disk offset, also for a named pipe,
+    which has no `tell()`."""
+
+    def __init__(self, file) -> None:
+        super().__init__()
+        self._file = file
+        self.consumed = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        count = self._file.readinto(buffer)
+        self.consumed += count
+        return count
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
 def _open_decompressed(path: str, raw, compression: str | None):
     if compression == "gzip":
         return gzip.GzipFile(fileobj=raw, mode="rb")
@@ -186,8 +209,9 @@ class InputReader:
 
     @property
     def total_bytes(self) -> int | None:
-        """Bytes the chunks will hold in all (None when a compressed or columnar input hides it)."""
-        plain = all(input_kind(path) == "jsonl" and _split_compression(path)[1] is None for path in self.paths)
+        """Bytes the chunks will hold in all (None when a compressed, columnar or piped input hides it)."""
+        plain = all(input_kind(path) == "jsonl" and _split_compression(path)[1] is None and os.path.isfile(path)
+                    for path in self.paths)
         return self.total_disk_bytes if plain else None
 
     def __iter__(self) -> Iterator:
@@ -210,10 +234,10 @@ class InputReader:
 
     def _json_chunks(self, path: str, consumed_before: int) -> Iterator[JsonLinesChunk]:
         try:
-            raw = open(path, "rb")
+            raw = _CountingReader(open(path, "rb", buffering=0))
         except OSError as error:
             raise InputError(f"{path}: cannot open: {error.strerror}") from None
-        with raw, _open_decompressed(path, raw, _split_compression(path)[1]) as f:
+        with raw, _open_decompressed(path, io.BufferedReader(raw), _split_compression(path)[1]) as f:
             line = 1
             carry = b""
             while True:
@@ -229,10 +253,10 @@ class InputReader:
                     carry = data
                     continue
                 carry = data[cut:]
-                yield JsonLinesChunk(path, line, data[:cut], consumed_before + raw.tell())
+                yield JsonLinesChunk(path, line, data[:cut], consumed_before + raw.consumed)
                 line += data.count(_NEWLINE, 0, cut)
             if carry:
-                yield JsonLinesChunk(path, line, carry, consumed_before + raw.tell())
+                yield JsonLinesChunk(path, line, carry, consumed_before + raw.consumed)
 
     def _empty(self, path: str) -> None:
         if not self.skip_empty_files:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import multiprocessing
 import os
 import signal
@@ -80,6 +81,17 @@ def test_an_exception_mid_run_leaves_no_output(tmp_path, monkeypatch, files_in):
     with pytest.raises(RuntimeError, match="injected"):
         preprocess_data(config(tmp_path, partitions=2))
     assert files_in() == []
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_output(tmp_path, monkeypatch, capsys, files_in):
+    def full(self, *args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.prefix + ".bin")
+
+    monkeypatch.setattr(IndexedDatasetWriter, "add_documents", full)
+    assert null_run(tmp_path, 100, "1 2 3") == 1
+    err = capsys.readouterr().err
+    assert err == f"preprocess-data: error: [Errno 28] No space left on device: '{tmp_path / 'out_text_document.bin'}'\n"
+    assert files_in() == ["in.jsonl"]
 
 
 def test_a_failed_run_keeps_an_earlier_complete_output_untouched(tmp_path, files_in):

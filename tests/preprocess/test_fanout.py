@@ -103,9 +103,12 @@ def _preprocess_process(inputs, prefix, rank, environment) -> subprocess.Popen:
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
-def _wait_for(condition, what: str) -> None:
+def _wait_for(condition, what: str, process: subprocess.Popen) -> None:
+    """Poll `condition` until it holds, failing with `process`'s stderr if it ends first."""
     deadline = time.monotonic() + WAIT_SECONDS
     while not condition():
+        if process.poll() is not None:
+            pytest.fail(f"exit {process.returncode} before {what}: {process.stderr.read().decode()}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")
         time.sleep(POLL_SECONDS)
@@ -146,7 +149,8 @@ def test_a_killed_rank_is_redone_by_the_same_command(tmp_path):
         writer.write(content[: len(content) // 2])
         writer.flush()
         _wait_for(lambda: any(n.startswith(".c_part1-of-3_text_document.bin") for n in os.listdir(parts))
-                  and os.path.isdir(parts / "c_part1-of-3_text_document_arrow"), "rank 1's part files")
+                  and os.path.isdir(parts / "c_part1-of-3_text_document_arrow"), "rank 1's part files",
+                  processes[1])
         processes[1].send_signal(signal.SIGKILL)
         assert processes[1].wait(WAIT_SECONDS) == -signal.SIGKILL
     finally:

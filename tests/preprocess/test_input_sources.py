@@ -8,6 +8,7 @@ import gzip
 import json
 import os
 import pickle
+import threading
 
 import datasets
 import pyarrow as pa
@@ -66,6 +67,26 @@ def write_input(path: str, kind: str, documents) -> str:
 def test_each_format_gives_the_json_lines_bytes(tmp_path, reference, kind, name):
     source = write_input(str(tmp_path / name), kind, DOCUMENTS)
     assert run(tmp_path, [source]) == 0
+    assert same_dataset(str(tmp_path / "out_text_document"), reference)
+
+
+@pytest.mark.parametrize(("kind", "name"), [("jsonl", "in.jsonl"), ("gz", "in.jsonl.gz"), ("zst", "in.jsonl.zst")])
+def test_a_named_pipe_gives_the_json_lines_bytes(tmp_path, reference, kind, name):
+    """`--input <(zcat corpus.gz)` and friends: a pipe has no size and no seek, read it as a stream."""
+    source = str(tmp_path / ("file." + name))
+    write_jsonl(source, DOCUMENTS) if kind == "jsonl" else write_input(source, kind, DOCUMENTS)
+    content = open(source, "rb").read()
+    fifo = str(tmp_path / name)
+    os.mkfifo(fifo)
+
+    def feed() -> None:
+        with open(fifo, "wb") as pipe:
+            pipe.write(content)
+
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    assert run(tmp_path, [fifo], "--partitions", "2") == 0
+    feeder.join(timeout=10)
     assert same_dataset(str(tmp_path / "out_text_document"), reference)
 
 
