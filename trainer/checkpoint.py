@@ -29,6 +29,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainer.errors import CheckpointError
 
@@ -183,3 +184,14 @@ def load_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, to
         dcp.load(to_load, storage_reader=reader, no_dist=not _is_distributed())
     logger.info("loaded checkpoint %s", path)
     return set(to_load)
+
+
+@torch.no_grad()
+def copy_into_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy the full tensor ``full`` into ``param``, or into this rank's shard when it is a DTensor."""
+    if isinstance(param, DTensor):
+        # Every rank holds the same full tensor, so each cuts its own shard without communication.
+        shard = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
+        param.to_local().copy_(shard.to_local())
+    else:
+        param.copy_(full)

@@ -39,7 +39,9 @@ from trainer.config import TrainConfig
 from trainer.data import check_data_files
 from trainer.distributed import launch, under_launcher
 from trainer.hf_convert import hf_train_defaults
+from trainer.hf_t5 import is_hf_t5_directory
 from trainer.parallel_dims import resolve_parallel_dims
+from trainer.t5_convert import t5_train_defaults
 from trainer.train import train
 
 EXIT_ERROR = 1
@@ -103,16 +105,17 @@ def _failure_message(error: ChildFailedError) -> str:
 
 
 def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
-    """The ``train`` parser; with ``--load-hf DIR`` its defaults for the model shape and the tokenizer
-    files come from DIR (flags the user gives still win).
+    """The ``train`` parser; with ``--load-hf DIR`` its defaults for the model (GPT-2, or T5/mT5 with
+    ``--model t5``) and the tokenizer files come from DIR (flags the user gives still win).
 
     Raises:
-        TokenmillError: DIR is not a convertible Hugging Face GPT-2 directory.
+        TokenmillError: DIR is not a convertible Hugging Face GPT-2, T5 or mT5 directory.
     """
     parser = build_parser()
     known, _ = parser.parse_known_args(argv)
     if known.load_hf is not None:
-        for values in hf_train_defaults(known.load_hf).values():
+        defaults = t5_train_defaults if is_hf_t5_directory(known.load_hf) else hf_train_defaults
+        for values in defaults(known.load_hf).values():
             parser.set_defaults(**values)
     return parser
 

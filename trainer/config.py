@@ -281,7 +281,7 @@ class CheckpointConfig:
     load: str | None = None
     """Directory to resume from (its latest checkpoint; a `convert-checkpoint --from-hf` one starts at step 0)."""
     load_hf: str | None = None
-    """Hugging Face GPT-2 directory to start from (its shape and tokenizer files become the defaults)."""
+    """Hugging Face GPT-2, T5 or mT5 directory to start from (its shape and tokenizer files become the defaults)."""
     save_interval: int | None = None
     """Save every this many steps (and at the end); default only at the end."""
 
@@ -330,6 +330,10 @@ class T5Config:
     """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
     untie_embeddings_and_output_weights: bool = False
     """Separate LM head (v1.1, mT5); tied heads scale the decoder output by hidden_size**-0.5 (v1.0)."""
+    relative_attention_num_buckets: int = 32
+    """Relative position buckets of the attention bias (Megatron's and T5's default)."""
+    relative_attention_max_distance: int = 128
+    """Distance (positions) beyond which relative positions share the last bucket."""
     mask_prob: float = 0.15
     """Noise density: the fraction of a sample's tokens replaced by spans."""
     mean_noise_span_length: float = 3.0
@@ -338,7 +342,8 @@ class T5Config:
     """Probability of a sample with a shorter random target length."""
 
     def __post_init__(self) -> None:
-        for name in ("encoder_seq_length", "decoder_seq_length", "kv_channels", "decoder_num_layers"):
+        for name in ("encoder_seq_length", "decoder_seq_length", "kv_channels", "decoder_num_layers",
+                     "relative_attention_num_buckets", "relative_attention_max_distance"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise TrainConfigError(f"{name} must be >= 1, got {value}")

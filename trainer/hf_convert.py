@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-from torch.distributed.tensor import DTensor, distribute_tensor
 
 from trainer.checkpoint import (
     IMPORTED_ITERATION,
@@ -34,6 +33,7 @@ from trainer.checkpoint import (
     MODEL_PREFIX,
     SafeFileSystemReader,
     checkpoint_dir,
+    copy_into_parameter,
     latest_iteration,
     load_checkpoint,
     save_checkpoint,
@@ -44,7 +44,7 @@ from trainer.hf_files import (
     read_hf_config,
     read_hf_weights,
     read_json,
-    tokenizer_config_for_directory,
+    tokenizer_train_defaults,
     write_hf_directory,
     write_json,
 )
@@ -169,12 +169,7 @@ def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     Raises:
         HFConversionError: the directory is not a convertible GPT-2.
     """
-    defaults: dict[str, dict[str, Any]] = {"model": model_config_from_hf(_checked_config(hf_dir))}
-    tokenizer = tokenizer_config_for_directory(hf_dir)
-    if tokenizer is not None:
-        defaults["data"] = {name: getattr(tokenizer, name) for name in ("tokenizer_type", "vocab_file", "merge_file",
-                                                                        "tokenizer_model")}
-    return defaults
+    return {"model": model_config_from_hf(_checked_config(hf_dir)), **tokenizer_train_defaults(hf_dir)}
 
 
 def is_model_only_checkpoint(root: str | os.PathLike, iteration: int) -> bool:
@@ -294,17 +289,6 @@ def _check_shape_fits(config: dict[str, Any], shape: GPTShape, source: str) -> N
         if getattr(theirs, field) != getattr(shape, field):
             raise CheckpointError(f"{source}: the model has {field} {getattr(theirs, field)} but the run asks for "
                                   f"{getattr(shape, field)}")
-
-
-@torch.no_grad()
-def copy_into_parameter(param: torch.Tensor, full: torch.Tensor) -> None:
-    """Copy the full tensor ``full`` into ``param``, or into this rank's shard when it is a DTensor."""
-    if isinstance(param, DTensor):
-        # Every rank holds the same full tensor, so each cuts its own shard without communication.
-        shard = distribute_tensor(full.to(param.device), param.device_mesh, param.placements, src_data_rank=None)
-        param.to_local().copy_(shard.to_local())
-    else:
-        param.copy_(full)
 
 
 def load_hf_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: str | os.PathLike,

@@ -172,3 +172,12 @@ def tokenizer_config_for_directory(directory: str | os.PathLike) -> TokenizerCon
     if (root / T5_SPIECE).is_file():
         return TokenizerConfig(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(root / T5_SPIECE))
     return None
+
+
+def tokenizer_train_defaults(directory: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """``{"data": tokenizer options}`` of the tokenizer stored in a directory (``train --load-hf``); {} if none."""
+    tokenizer = tokenizer_config_for_directory(directory)
+    if tokenizer is None:
+        return {}
+    return {"data": {name: getattr(tokenizer, name) for name in ("tokenizer_type", "vocab_file", "merge_file",
+                                                                 "tokenizer_model")}}

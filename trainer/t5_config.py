@@ -7,7 +7,8 @@
 
 Field names follow Megatron's T5 flags where Megatron has one (--encoder-seq-length,
 --decoder-seq-length, --kv-channels, --decoder-num-layers, --vocab-extra-ids, --mask-prob,
---short-seq-prob, --untie-embeddings-and-output-weights); the MLP kind and the mean span length are
+--short-seq-prob, --untie-embeddings-and-output-weights, --relative-attention-num-buckets,
+--relative-attention-max-distance); the MLP kind and the mean span length are
 Hugging Face's (feed_forward_proj) and the T5 paper's.
 """
 
@@ -31,6 +32,8 @@ def t5_shape(model: ModelConfig, t5: T5Config, vocab_size: int, tp: int) -> T5Sh
                    d_ff=model.ffn_hidden_size, num_heads=model.num_attention_heads,
                    num_encoder_layers=model.num_layers, num_decoder_layers=t5.decoder_num_layers or model.num_layers,
                    feed_forward=t5.feed_forward_proj, tie_word_embeddings=tied, scale_decoder_outputs=tied,
+                   relative_attention_num_buckets=t5.relative_attention_num_buckets,
+                   relative_attention_max_distance=t5.relative_attention_max_distance,
                    layer_norm_epsilon=model.layernorm_epsilon, dropout_rate=model.hidden_dropout)
 
 

@@ -7,6 +7,7 @@ without extra flags.
 
     import_hf_t5_checkpoint("t5-small/", "checkpoints/t5-small")     # then: train --model t5 --load ...
     export_t5_checkpoint("checkpoints/run1", "t5-run1/")             # loads with T5ForConditionalGeneration
+    load_hf_t5_weights(model.named_parameters(), "t5-small/", shape)  # train --load-hf: any layout, in place
 """
 
 from __future__ import annotations
@@ -16,24 +17,41 @@ import os
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from trainer.checkpoint import (
     IMPORTED_ITERATION,
     LATEST_FILE,
     MODEL_CONFIG_FILE,
     MODEL_PREFIX,
+    copy_into_parameter,
     load_checkpoint,
     save_checkpoint,
 )
 from trainer.errors import CheckpointError
-from trainer.hf_files import copy_tokenizer_files, read_hf_config, read_json, write_json
+from trainer.hf_files import (
+    copy_tokenizer_files,
+    read_hf_config,
+    read_json,
+    tokenizer_train_defaults,
+    write_json,
+)
 from trainer.hf_t5 import load_hf_t5, save_hf_t5
 from trainer.parallel_dims import pad_vocab_size
 from trainer.t5_model import T5, T5Shape
 
 T5_MODEL = "t5"
-# The vocabulary rows: the shared embedding and an untied head.
+# The vocabulary rows: the shared embedding and the head (untied, or a pipeline stage's tied copy).
 VOCAB_ROWS = ("shared.weight", "output.weight")
+# What `train --load-hf` requires of the run's shape besides the (padded) vocabulary.
+_LOADED_SHAPE_FIELDS = ("d_model", "d_kv", "d_ff", "num_heads", "num_encoder_layers", "num_decoder_layers",
+                        "feed_forward", "tie_word_embeddings", "scale_decoder_outputs",
+                        "relative_attention_num_buckets", "relative_attention_max_distance", "layer_norm_epsilon")
+
+
+def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
+    """``tensor`` with zero rows appended up to ``rows`` (the padded vocabulary, as ``train`` pads it)."""
+    return torch.cat([tensor, tensor.new_zeros(rows - tensor.shape[0], *tensor.shape[1:])])
 
 
 def save_t5_model_config(root: str | os.PathLike, shape: T5Shape, vocab_size: int, eos_id: int, pad_id: int,
@@ -82,9 +100,7 @@ def import_hf_t5_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike, 
     padded = pad_vocab_size(vocab_size, make_vocab_size_divisible_by, tensor_model_parallel_size)
     state = {}
     for name, param in model.named_parameters():
-        tensor = param.detach()
-        if name in VOCAB_ROWS:
-            tensor = torch.cat([tensor, tensor.new_zeros(padded - vocab_size, tensor.shape[1])])
+        tensor = _pad_rows(param.detach(), padded) if name in VOCAB_ROWS else param.detach()
         state[MODEL_PREFIX + name] = tensor.contiguous()
     Path(root).mkdir(parents=True, exist_ok=True)
     copy_tokenizer_files(hf_dir, root)
@@ -113,3 +129,62 @@ def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike) 
     model.load_state_dict(trimmed, strict=False)
     model.tie_weights()
     return save_hf_t5(model, hf_dir, info["model_type"], info["eos_id"], info["pad_id"], tokenizer_source=root)
+
+
+def t5_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict]:
+    """Defaults that ``train --load-hf DIR`` takes from a HF T5/mT5 directory, by `TrainConfig` section.
+
+    ``model``: ``model="t5"``, the widths, layers, heads, epsilon and vocabulary size; ``t5``: d_kv, the
+    decoder layers, the MLP kind, the head tying and the relative position buckets; ``data``: the
+    tokenizer files stored in DIR (absent when there are none). Flags the user gives still win;
+    `load_hf_t5_weights` then rejects a shape the weights do not fit.
+
+    Raises:
+        HFConversionError: the directory is not a T5/mT5.
+    """
+    shape = load_hf_t5(hf_dir).shape
+    defaults = {
+        "model": {"model": T5_MODEL, "num_layers": shape.num_encoder_layers, "hidden_size": shape.d_model,
+                  "num_attention_heads": shape.num_heads, "ffn_hidden_size": shape.d_ff,
+                  "vocab_size": shape.vocab_size, "layernorm_epsilon": shape.layer_norm_epsilon},
+        "t5": {"kv_channels": shape.d_kv, "decoder_num_layers": shape.num_decoder_layers,
+               "feed_forward_proj": shape.feed_forward,
+               "untie_embeddings_and_output_weights": not shape.tie_word_embeddings,
+               "relative_attention_num_buckets": shape.relative_attention_num_buckets,
+               "relative_attention_max_distance": shape.relative_attention_max_distance},
+    }
+    return {**defaults, **tokenizer_train_defaults(hf_dir)}
+
+
+def load_hf_t5_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: str | os.PathLike,
+                       shape: T5Shape) -> str:
+    """Fill a T5's parameters with HF T5/mT5 weights in place, in any tp/pp/dp layout.
+
+    Args:
+        named_parameters: this rank's parameters under full-model names (the last pipeline stage's copy
+            of a tied head named ``output.weight``), plain tensors or DTensors (TP, FSDP2).
+        hf_dir: local HF T5/mT5 directory.
+        shape: the run's shape; its vocabulary may be padded beyond the directory's.
+
+    Returns:
+        The directory's ``model_type`` (t5 or mt5).
+
+    Raises:
+        HFConversionError: the directory is not a T5/mT5.
+        CheckpointError: its shape differs from ``shape``.
+    """
+    model = load_hf_t5(hf_dir)
+    source = str(Path(hf_dir) / "config.json")
+    for field in _LOADED_SHAPE_FIELDS:
+        theirs, ours = getattr(model.shape, field), getattr(shape, field)
+        if theirs != ours:
+            raise CheckpointError(f"{source}: the model has {field} {theirs} but the run asks for {ours}")
+    if model.shape.vocab_size > shape.vocab_size:
+        raise CheckpointError(f"{source}: the model has vocab_size {model.shape.vocab_size} but the run's "
+                              f"(padded) vocabulary has {shape.vocab_size}")
+    # With duplicates: a tied head is listed as output.weight too, the name of its pipeline-stage copy.
+    state = dict(model.named_parameters(remove_duplicate=False))
+    for name, param in named_parameters:
+        full = state[name].detach()
+        copy_into_parameter(param, _pad_rows(full, shape.vocab_size) if name in VOCAB_ROWS else full)
+    return read_hf_config(hf_dir)["model_type"]

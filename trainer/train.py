@@ -35,7 +35,6 @@ from trainer.hf_convert import (
     save_model_config,
 )
 from trainer.hf_files import copy_tokenizer_files
-from trainer.errors import TrainConfigError
 from trainer.metrics import (
     MetricsWriter,
     TrainStats,
@@ -48,7 +47,7 @@ from trainer.optim import LossScaler, LRSchedule, build_optimizer, init_optimize
 from trainer.parallel_dims import ParallelDims, pad_vocab_size, resolve_parallel_dims
 from trainer.runner import ParallelModel
 from trainer.t5_config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
-from trainer.t5_convert import T5_MODEL, save_t5_model_config
+from trainer.t5_convert import T5_MODEL, load_hf_t5_weights, save_t5_model_config
 from trainer.t5_data import collate_t5
 from trainer.t5_model import T5
 from trainer.t5_runner import ParallelT5
@@ -109,9 +108,6 @@ class _Run:
         self.config, self.ctx = config, ctx
         # Everything that can fail on bad input happens before the first collective (mesh creation).
         self.is_t5 = config.model.model == "t5"
-        if self.is_t5 and config.checkpoint.load_hf is not None:
-            raise TrainConfigError("load_hf takes a Hugging Face GPT-2 directory; for T5 convert the weights with "
-                                   "convert-checkpoint and use load")
         if self.is_t5:
             special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
             self.vocabulary = Vocabulary(size=config.model.vocab_size or special.vocab_size, eod_id=special.eos,
@@ -141,7 +137,12 @@ class _Run:
         autocast = torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else None
         self.model = model_class(self.shape, self.dims, self.mesh, config.parallelism, ctx.device, config.data.seed,
                                    config.training.checkpoint_activations, autocast)
-        if config.checkpoint.load_hf is not None:
+        # The HF model type a T5 checkpoint records (t5 or mt5), for `convert-checkpoint --to-hf`.
+        self.t5_model_type = T5_MODEL
+        if config.checkpoint.load_hf is not None and self.is_t5:
+            self.t5_model_type = load_hf_t5_weights(self.model.named_parameters(), config.checkpoint.load_hf,
+                                                    self.shape)
+        elif config.checkpoint.load_hf is not None:
             load_hf_weights(self.model.named_parameters(), config.checkpoint.load_hf, self.shape)
         torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
         self.params = [p for _, p in self.model.named_parameters()]
@@ -181,15 +182,15 @@ class _Run:
     def _save(self) -> None:
         init_optimizer_state(self.optimizer)
         root = self.config.checkpoint.save
+        # What the tensors cannot tell (head count, real vocabulary) and the tokenizer, so that
+        # `convert-checkpoint --to-hf` and `generate` need no extra flags.
         if self.ctx.rank == 0 and self.is_t5:
             save_t5_model_config(root, self.shape, self.vocabulary.size, self.vocabulary.eod_id, self.vocabulary.pad_id,
-                                 T5_MODEL)
+                                 self.t5_model_type)
         elif self.ctx.rank == 0:
-            # What the tensors cannot tell (head count, real vocabulary) and the tokenizer, so that
-            # `convert-checkpoint --to-hf` and `generate` need no extra flags.
             save_model_config(root, CheckpointModel(self.shape, self.vocabulary.size, self.vocabulary.eod_id))
-            if self.config.checkpoint.load_hf is not None:
-                copy_tokenizer_files(self.config.checkpoint.load_hf, root)
+        if self.ctx.rank == 0 and self.config.checkpoint.load_hf is not None:
+            copy_tokenizer_files(self.config.checkpoint.load_hf, root)
         save_checkpoint(root, self.iteration, self._state())
 
     def _load(self) -> None:

@@ -27,3 +27,16 @@ def workdir(tmp_path_factory) -> Path:
 def reference(tiny_prefix, cache_dir) -> dict:
     """The single-process run every layout is compared with (evaluating one batch of valid and test)."""
     return result_record(tiny_config(tiny_prefix, cache_dir, eval_iters=1))
+
+
+@pytest.fixture(scope="session")
+def sentence_prefix(data_test, tmp_path_factory) -> str:
+    """The sample documents, sentence-split with the SentencePiece test model (the T5 runs' data)."""
+    from preprocess.cli import main as preprocess_data
+
+    prefix = tmp_path_factory.mktemp("t5_data") / "en"
+    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
+                            "--split-sentences", "--tokenizer-type", "SentencePieceTokenizer",
+                            "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model"),
+                            "--workers", "1"]) == 0
+    return f"{prefix}_text_sentence"

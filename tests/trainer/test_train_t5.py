@@ -7,62 +7,20 @@ the single-process loss curve.
 """
 
 import dataclasses
-import os
 
 import pytest
 import torch
-from trainer_testing import argv_for, result_record, run_in_processes
+from trainer_testing import T5_STEPS, argv_for, result_record, run_in_processes, t5_config
 
 from trainer.cli import main
-from trainer.config import (
-    CheckpointConfig,
-    DataConfig,
-    LoggingConfig,
-    ModelConfig,
-    OptimizerConfig,
-    ParallelismConfig,
-    PrecisionConfig,
-    T5Config,
-    TrainConfig,
-    TrainingConfig,
-)
+from trainer.config import ParallelismConfig, PrecisionConfig
 from trainer.errors import TrainConfigError
 from trainer.train import train
 
-STEPS, HALF = 10, 5
+STEPS, HALF = T5_STEPS, 5
 TOLERANCE = 1e-4
 PARALLEL_LAYOUTS = {"tp2": {"tensor_model_parallel_size": 2}, "pp2": {"pipeline_model_parallel_size": 2},
                     "dp2": {}}
-
-
-@pytest.fixture(scope="module")
-def sentence_prefix(data_test, tmp_path_factory) -> str:
-    from preprocess.cli import main as preprocess_data
-
-    prefix = tmp_path_factory.mktemp("t5_data") / "en"
-    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
-                            "--split-sentences", "--tokenizer-type", "SentencePieceTokenizer",
-                            "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model"),
-                            "--workers", "1"]) == 0
-    return f"{prefix}_text_sentence"
-
-
-def t5_config(prefix: str, data_test, cache: str, *, train_iters: int = STEPS, save: str | None = None,
-              load: str | None = None, **parallelism) -> TrainConfig:
-    """A 2+2-layer T5 v1.0 (width 32), 32 encoder / 16 decoder positions, global batch 4, fp32, no dropout."""
-    return TrainConfig(
-        model=ModelConfig(model="t5", num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
-                          make_vocab_size_divisible_by=64, hidden_dropout=0.0, attention_dropout=0.0),
-        data=DataConfig(dataset=[prefix], split="98,2,0", data_cache_path=cache,
-                        tokenizer_type="SentencePieceTokenizer",
-                        tokenizer_model=str(data_test / "tokenizers" / "sp-unigram.model")),
-        training=TrainingConfig(micro_batch_size=2, global_batch_size=4, train_iters=train_iters, device="cpu"),
-        optimizer=OptimizerConfig(lr=3e-3, min_lr=3e-4, lr_warmup_iters=2, lr_decay_iters=2 * STEPS, clip_grad=0.5),
-        parallelism=ParallelismConfig(**parallelism),
-        checkpoint=CheckpointConfig(save=save, load=load),
-        logging=LoggingConfig(log_interval=5, eval_iters=1, metrics_file=os.devnull),
-        t5=T5Config(encoder_seq_length=32, decoder_seq_length=16, vocab_extra_ids=100),
-    )
 
 
 @pytest.fixture(scope="module")

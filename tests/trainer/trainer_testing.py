@@ -22,6 +22,7 @@ from trainer.config import (
     ModelConfig,
     OptimizerConfig,
     ParallelismConfig,
+    T5Config,
     TrainConfig,
     TrainingConfig,
 )
@@ -31,6 +32,8 @@ from trainer.train import train
 TINY_VOCAB = 256
 TINY_DIVISIBLE_BY = 64
 TINY_STEPS = 10
+# The T5 runs (`t5_config`): steps, and the sentence-split sample data they read (conftest's sentence_prefix).
+T5_STEPS = 10
 
 
 def write_tiny_dataset(golden_prefix: str, prefix: str) -> str:
@@ -100,3 +103,21 @@ def run_in_processes(world_size: int, configs: list[TrainConfig], workdir: Path)
         TimeoutError: the launch exceeded its time limit (processes are killed, never left hanging).
     """
     return run_jobs(world_size, [(result_record, (config,), {}) for config in configs], workdir)
+
+
+def t5_config(prefix: str, data_test, cache: str, *, train_iters: int = T5_STEPS, save: str | None = None,
+              load: str | None = None, **parallelism) -> TrainConfig:
+    """A 2+2-layer T5 v1.0 (width 32), 32 encoder / 16 decoder positions, global batch 4, fp32, no dropout."""
+    return TrainConfig(
+        model=ModelConfig(model="t5", num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,
+                          make_vocab_size_divisible_by=64, hidden_dropout=0.0, attention_dropout=0.0),
+        data=DataConfig(dataset=[prefix], split="98,2,0", data_cache_path=cache,
+                        tokenizer_type="SentencePieceTokenizer",
+                        tokenizer_model=str(data_test / "tokenizers" / "sp-unigram.model")),
+        training=TrainingConfig(micro_batch_size=2, global_batch_size=4, train_iters=train_iters, device="cpu"),
+        optimizer=OptimizerConfig(lr=3e-3, min_lr=3e-4, lr_warmup_iters=2, lr_decay_iters=2 * T5_STEPS, clip_grad=0.5),
+        parallelism=ParallelismConfig(**parallelism),
+        checkpoint=CheckpointConfig(save=save, load=load),
+        logging=LoggingConfig(log_interval=5, eval_iters=1, metrics_file=os.devnull),
+        t5=T5Config(encoder_seq_length=32, decoder_seq_length=16, vocab_extra_ids=100),
+    )
