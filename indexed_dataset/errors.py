@@ -19,3 +19,9 @@ class TokenRangeError(TokenmillError):
 
 class ShardFormatError(TokenmillError):
     """An Arrow or MindRecord dataset is missing, damaged or not made of token rows; names the file."""
+
+
+# What a command reports as one line (`prog: error: message`, a non-zero exit) instead of a traceback:
+# our own errors, and the operating system's (a full disk, a path that cannot be written or read),
+# whose message names the path.
+REPORTED_ERRORS = (TokenmillError, OSError)

@@ -6,7 +6,7 @@ import logging
 import sys
 from collections.abc import Callable
 
-from indexed_dataset import TokenmillError
+from indexed_dataset.errors import REPORTED_ERRORS
 
 logger = logging.getLogger("preprocess")
 
@@ -29,7 +29,7 @@ def run_command(prog: str, command: Callable[[], int]) -> int:
     """
     try:
         return command()
-    except (TokenmillError, OSError) as error:
+    except REPORTED_ERRORS as error:
         print(f"{prog}: error: {error}", file=sys.stderr)
         return EXIT_ERROR
     except ValueError as error:

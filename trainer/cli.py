@@ -32,7 +32,7 @@ from collections.abc import Iterator
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
 
-from indexed_dataset.errors import TokenmillError
+from indexed_dataset.errors import REPORTED_ERRORS
 from trainer.cli_args import build_parser, config_from_args
 from trainer.cli_flags import flags_in_message
 from trainer.config import TrainConfig
@@ -68,7 +68,7 @@ def _run(config: TrainConfig) -> int:
     _setup_logging(rank)
     try:
         train(config)
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         if rank == 0:
             _fail(str(error))
         return EXIT_ERROR
@@ -87,7 +87,7 @@ def _worker(config: TrainConfig) -> int:
     _setup_logging(int(os.environ.get("RANK", "0")))
     try:
         train(config)
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         ErrorHandler().record_exception(error)
         raise SystemExit(EXIT_ERROR) from None
     return 0
@@ -124,13 +124,13 @@ def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line), then train or launch the workers that do."""
     try:
         parser = _parser_for(argv)
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_USAGE
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_USAGE
     num_processes = config.launch.num_gpus_per_node * config.launch.num_nodes
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         # Fail here, before any process starts, on what the workers would all reject.
         resolve_parallel_dims(config, num_processes)
         check_data_files(config.data)
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_ERROR
     _setup_logging(0)

@@ -12,7 +12,7 @@ import argparse
 import logging
 import sys
 
-from indexed_dataset.errors import TokenmillError
+from indexed_dataset.errors import REPORTED_ERRORS
 from trainer.cli_flags import flags_in_message
 from trainer.hf_convert import ConvertCheckpointConfig, convert_checkpoint
 
@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     try:
         convert_checkpoint(config)
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         sys.stderr.write(f"{PROG}: error: {_as_flags(str(error))}\n")
         return EXIT_ERROR
     return 0

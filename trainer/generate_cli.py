@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-from indexed_dataset.errors import TokenmillError
+from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
 from trainer.cli_flags import flags_in_message
 from trainer.config import LaunchConfig
@@ -120,7 +120,7 @@ def _run(config: GenerateConfig) -> list[dict] | None:
     try:
         run = generate_t5 if is_hf_t5_directory(config.load) else generate
         return [asdict(c) for c in run(config)]
-    except TokenmillError as error:
+    except REPORTED_ERRORS as error:
         if rank == 0:
             _fail(str(error))
         return None
@@ -165,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             # Fail here, before any process starts, on what the workers would all reject.
             plan_generation(config, launch_config.num_gpus_per_node)
-        except TokenmillError as error:
+        except REPORTED_ERRORS as error:
             _fail(str(error))
             return EXIT_ERROR
         try:

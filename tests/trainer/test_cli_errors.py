@@ -53,6 +53,14 @@ def test_missing_dataset_fails_before_training(tiny_argv, nproc, tmp_path, capsy
     assert "absent.bin not found" in run_failing(argv, capsys)
 
 
+def test_an_unwritable_save_path_is_one_line_naming_it(tiny_argv, tmp_path, capsys):
+    (tmp_path / "a_file").write_text("")
+    assert main(tiny_argv + ["--train-iters", "1", "--save", str(tmp_path / "a_file" / "run")]) != 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.strip().splitlines()[-1] == f"train: error: [Errno 20] Not a directory: '{tmp_path / 'a_file' / 'run'}'"
+
+
 def test_unknown_vocabulary_size_is_reported(tiny_prefix, cache_dir, capsys):
     argv = [a for a in argv_for(tiny_config(tiny_prefix, cache_dir)) if a not in ("--vocab-size", "256")]
     assert "vocabulary size is unknown" in run_failing(argv, capsys)
