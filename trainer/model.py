@@ -125,20 +125,25 @@ class GPT(nn.Module):
         if self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    @torch.no_grad()
     def init_weights(self) -> None:
-        """Megatron's GPT init: N(0, std) everywhere, std/sqrt(2 L) for the residual output projections."""
-        std = self.shape.init_method_std
-        scaled_std = std / math.sqrt(2.0 * self.shape.num_layers)
+        """`init_parameter` of every parameter, in `named_parameters` order."""
         for name, param in self.named_parameters():
-            if name.endswith(("norm.weight",)):
-                param.fill_(1.0)
-            elif name.endswith(".bias"):
-                param.zero_()
-            elif name.endswith(("wo.weight", "w2.weight")):
-                param.normal_(0.0, scaled_std)
-            else:
-                param.normal_(0.0, std)
+            self.init_parameter(name, param)
+
+    @torch.no_grad()
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """Megatron's GPT init of parameter ``name`` into ``tensor`` (the parameter, or a full-size
+        stand-in for a sharded one): N(0, std), std/sqrt(2 L) for the residual output projections,
+        norms at 1, biases at 0."""
+        std = self.shape.init_method_std
+        if name.endswith(("norm.weight",)):
+            tensor.fill_(1.0)
+        elif name.endswith(".bias"):
+            tensor.zero_()
+        elif name.endswith(("wo.weight", "w2.weight")):
+            tensor.normal_(0.0, std / math.sqrt(2.0 * self.shape.num_layers))
+        else:
+            tensor.normal_(0.0, std)
 
     def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None, kv_cache=None) -> torch.Tensor:
         """Token ids [batch, seq] (or, after the first stage, hidden states [batch, seq, hidden]) ->

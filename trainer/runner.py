@@ -19,6 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
+from trainer.checkpoint import copy_into_parameter
 from trainer.config import ParallelismConfig
 from trainer.data import IGNORE_INDEX, MicroBatch
 from trainer.grads import sync_tied_embedding_grad
@@ -39,8 +40,9 @@ def _full(loss: torch.Tensor) -> torch.Tensor:
 class ParallelModel:
     """This rank's model chunks, their parallel wrappers and, under pipelining, the schedule.
 
-    Every rank builds the full model from ``seed`` (identical init in every layout) before
-    splitting and sharding it. The GPT is the default; another model (`trainer.t5_runner.ParallelT5`)
+    Every rank builds the full model on the meta device, splits and shards it there, then allocates
+    its own share and fills it with that share of the full model's initial values drawn from ``seed``
+    (identical init in every layout, `_materialize`). The GPT is the default; another model (`trainer.t5_runner.ParallelT5`)
     overrides the model hooks (``_build``, ``_num_layers``, ``_split``, ``_apply_tp``, ``_apply_fsdp``,
     ``_tied_names``) and the batch hooks (``_forward``, ``_first_stage_inputs``).
     """
@@ -53,8 +55,7 @@ class ParallelModel:
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.loss_scale = 1.0
-        torch.manual_seed(seed)
-        with torch.device(device):
+        with torch.device("meta"):
             model = self._build()
         pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
         self.uses_fsdp = dims.dp > 1 and (dims.tp > 1 or dims.pp > 1 or parallelism.use_distributed_optimizer)
@@ -77,6 +78,7 @@ class ParallelModel:
                 apply_ac(part)
             if self.uses_fsdp:
                 self._apply_fsdp(part, mesh["dp"], reshard_after_forward=dims.pp == 1)
+        self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
         if dims.dp > 1 and not self.uses_fsdp:
             self.forward_module = apply_ddp(self.parts[0], mesh["dp"])
@@ -131,16 +133,38 @@ class ParallelModel:
         return list(self._named)
 
     def _collect_named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        return list(dict(self._parameters_of_parts()).items())
+
+    def _parameters_of_parts(self) -> Iterator[tuple[str, nn.Parameter]]:
+        """(full-model name, parameter) of every part, a later stage's copy of the tied weight named
+        like the original."""
         tied = self._tied_names()
-        named: dict[str, nn.Parameter] = {}
         for part in self.parts:
             own = dict(part.named_parameters())
             for name, param in own.items():
                 if tied is not None and name == tied[1] and tied[0] not in own:
-                    # A later stage's copy of the tied weight: name it like the original.
                     name = tied[0]
-                named[name] = param
-        return list(named.items())
+                yield name, param
+
+    def _materialize(self, full_model: nn.Module, seed: int) -> None:
+        """Allocate the parts (built, split and sharded on the meta device) and initialise them.
+
+        The full model's parameters are drawn one at a time, in its own order, from ``seed``; each
+        part keeps its shard. Every layout thus starts from the same weights, while no rank ever holds
+        more than its share plus one full tensor (a model too large for one device still builds).
+        """
+        for part in self.parts:
+            part.to_empty(device=self.device)
+            part.tie_weights()  # to_empty gives a plain module's tied head a tensor of its own
+        local: dict[str, list[nn.Parameter]] = {}
+        for name, param in self._parameters_of_parts():
+            local.setdefault(name, []).append(param)
+        torch.manual_seed(seed)
+        for name, meta_param in full_model.named_parameters():
+            full = torch.empty(meta_param.shape, device=self.device)
+            full_model.init_parameter(name, full)
+            for param in local.get(name, ()):
+                copy_into_parameter(param, full)
 
     def norm_parameters(self) -> list[nn.Parameter]:
         """Parameters counted in the global gradient norm: the tied copy of a later stage is left out."""

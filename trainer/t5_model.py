@@ -255,19 +255,24 @@ class T5(nn.Module):
         if self.shape.tie_word_embeddings and self.shared is not None and self.output is not None:
             self.output.weight = self.shared.weight
 
-    @torch.no_grad()
     def init_weights(self) -> None:
-        """Hugging Face's T5 init: N(0, factor x fan-in**-0.5) per linear (q: (d_model d_kv)**-0.5),
-        N(0, factor) for the embedding and an untied head, norms at 1."""
+        """`init_parameter` of every parameter, in `named_parameters` order."""
+        for name, param in self.named_parameters():
+            self.init_parameter(name, param)
+
+    @torch.no_grad()
+    def init_parameter(self, name: str, tensor: torch.Tensor) -> None:
+        """Hugging Face's T5 init of parameter ``name`` into ``tensor`` (the parameter, or a full-size
+        stand-in for a sharded one): N(0, factor x fan-in**-0.5) per linear (q: (d_model d_kv)**-0.5),
+        N(0, factor) for the embedding and an untied head, norms at factor."""
         s, factor = self.shape, self.shape.initializer_factor
+        if "norm" in name:
+            tensor.fill_(factor)
+            return
         std = {"wq": (s.d_model * s.d_kv) ** -0.5, "wk": s.d_model ** -0.5, "wv": s.d_model ** -0.5,
                "wo": (s.num_heads * s.d_kv) ** -0.5, "w1": s.d_model ** -0.5, "w3": s.d_model ** -0.5,
                "w2": s.d_ff ** -0.5, "embedding": s.d_model ** -0.5, "shared": 1.0, "output": 1.0}
-        for name, param in self.named_parameters():
-            if "norm" in name:
-                param.fill_(factor)
-            else:
-                param.normal_(0.0, factor * std[name.split(".")[-2]])
+        tensor.normal_(0.0, factor * std[name.split(".")[-2]])
 
     def encoder_bias(self, length: int, attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
         """Position bias plus padding mask of the encoder's self-attention [1 or batch, heads, Le, Le]."""

@@ -33,7 +33,8 @@ T5_INPUTS = ("encoder_input_ids", "decoder_input_ids", "encoder_attention_mask")
 class ParallelT5(ParallelModel):
     """This rank's T5 chunks, their parallel wrappers and, under pipelining, the schedule.
 
-    Every rank builds the full model from ``seed`` before splitting and sharding it.
+    The model is built, split and sharded on the meta device and then initialised from ``seed`` as
+    `ParallelModel` does.
 
     Raises:
         TrainConfigError: sequence parallelism was asked for (not implemented for T5), or the
