@@ -5,7 +5,7 @@ from .convert import convert
 from .errors import IndexFormatError, ShardFormatError, TokenmillError, TokenRangeError
 from .format import DType, data_file_path, index_file_path, optimal_dtype
 from .formats import FORMATS, format_of, open_reader, open_writer
-from .merge import merge_datasets, prefixes_in_directory
+from .merge import datasets_in_directory, merge_datasets
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
@@ -20,11 +20,11 @@ __all__ = [
     "TokenmillError",
     "convert",
     "data_file_path",
+    "datasets_in_directory",
     "format_of",
     "index_file_path",
     "merge_datasets",
     "open_reader",
     "open_writer",
     "optimal_dtype",
-    "prefixes_in_directory",
 ]

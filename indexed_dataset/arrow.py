@@ -396,9 +396,10 @@ class ArrowReader(RowDocumentsReader):
         """The memory-mapped Arrow table (one row per document)."""
         return self._table
 
-    def field(self, name: str) -> list:
-        """The values of a pass-through field, one per document."""
-        return self._table.column(name).to_pylist()
+    def field_values(self, name: str, first: int = 0, last: int | None = None) -> list:
+        """The values of a pass-through field for documents [first, last) (default: all), one per document."""
+        last = self._table.num_rows if last is None else last
+        return self._table.column(name).slice(first, last - first).to_pylist()
 
     def read_rows(self, first: int, last: int) -> np.ndarray:
         pieces = [np.zeros(0, self.dtype)]

@@ -1,23 +1,29 @@
-"""Convert a token dataset between the mmap (`.bin/.idx`), Arrow and MindRecord formats.
+"""Convert token datasets between the mmap (`.bin/.idx`), Arrow and MindRecord formats, or join several.
 
     from indexed_dataset.convert import convert
     convert("data/corpus_text_document", "out/corpus_arrow", target_format="arrow")
     convert("out/corpus_arrow", "out/corpus.mindrecord", target_format="mindrecord", num_shards=4)
+    convert(["parts/c_part0-of-2_text_document_arrow", "parts/c_part1-of-2_text_document_arrow"],
+            "out/c_text_document_arrow", target_format="arrow")          # parts joined in order
 
 Documents stream through in batches, so memory stays bounded by one batch plus what the target
-writer keeps per document. Tokens and document (and sequence) boundaries round-trip exactly; a
-multi-shard MindRecord is read back shard by shard, which keeps the order when it was written in
-one batch per shard (`convert` writes in batches, so use one shard where the order matters).
+writer keeps per document. Tokens and document (and sequence) boundaries round-trip exactly, and so do
+the pass-through fields of Arrow sources written to Arrow; a target writer batches rows by document
+count alone, so joining parts gives the bytes of writing their documents in one run. A multi-shard
+MindRecord is read back shard by shard, which keeps the order when it was written in one batch per
+shard (`convert` writes in batches, so use one shard where the order matters).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
+from .errors import TokenmillError
 from .formats import FORMATS, has_one_sequence_per_document, open_reader, open_writer
 
 logger = logging.getLogger(__name__)
@@ -27,7 +33,7 @@ DEFAULT_BATCH_DOCUMENTS = 8192
 
 
 def convert(
-    input_path: str,
+    input_path: str | Sequence[str],
     output_path: str,
     target_format: str,
     source_format: str | None = None,
@@ -35,41 +41,67 @@ def convert(
     batch_documents: int = DEFAULT_BATCH_DOCUMENTS,
     **writer_options: Any,
 ) -> None:
-    """Copy every document of `input_path` into a new dataset at `output_path`.
+    """Copy every document of `input_path` (or of several datasets, in order) into a new dataset.
 
     Args:
         input_path: the source dataset (a mmap prefix, an Arrow directory or `.arrow` file, a
-            `.mindrecord` file).
+            `.mindrecord` file), or several, concatenated in the order given.
         output_path: the target (a prefix for mmap, a directory for Arrow, a file name for MindRecord).
         target_format: one of `formats.FORMATS`.
-        source_format: one of `formats.FORMATS`, or None to detect it from `input_path`.
-        dtype: token dtype of the target; None keeps the source's (MindRecord stores int32 or int64).
+        source_format: one of `formats.FORMATS`, or None to detect it from each input path.
+        dtype: token dtype of the target; None keeps the sources' (which must then agree; MindRecord
+            stores int32 or int64).
         batch_documents: documents per read/write batch.
         writer_options: passed to the target writer (see `formats.open_writer`); for Arrow and
-            MindRecord `store_sequence_lengths` defaults to whether the source needs it.
+            MindRecord `store_sequence_lengths` defaults to whether a source needs it.
 
     Raises:
-        TokenmillError: unreadable source, existing target, or ids that do not fit `dtype`.
+        TokenmillError: no or unreadable sources, sources of different dtypes (checked before writing),
+            an existing target, or ids that do not fit `dtype`.
     """
     if target_format not in FORMATS:
         raise ValueError(f"unknown target format {target_format!r}; expected one of {', '.join(FORMATS)}")
     if batch_documents <= 0:
         raise ValueError(f"batch_documents must be positive, got {batch_documents}")
+    paths = [input_path] if isinstance(input_path, str) else list(input_path)
+    if not paths:
+        raise TokenmillError("nothing to convert: no input dataset")
     started = time.perf_counter()
-    reader = open_reader(input_path, source_format)
-    target_dtype = np.dtype(dtype) if dtype is not None else reader.dtype
+    readers = [open_reader(path, source_format) for path in paths]
+    if dtype is None:
+        for path, reader in zip(paths[1:], readers[1:]):
+            if reader.dtype != readers[0].dtype:
+                raise TokenmillError(f"{path}: dtype {reader.dtype.name} differs from {paths[0]}'s "
+                                     f"{readers[0].dtype.name}")
+    target_dtype = np.dtype(dtype) if dtype is not None else readers[0].dtype
     if target_format != "mmap":
-        needs_lengths = not has_one_sequence_per_document(reader.sequence_lengths, np.diff(reader.document_indices))
+        needs_lengths = any(not has_one_sequence_per_document(r.sequence_lengths, np.diff(r.document_indices))
+                            for r in readers)
         writer_options.setdefault("store_sequence_lengths", needs_lengths)
-    dropped = getattr(reader, "field_names", [])
-    if dropped:
-        logger.warning("%s: pass-through fields %s are not converted", input_path, ", ".join(dropped))
-    num_documents = len(reader.document_indices) - 1
+    fields = _passed_fields(paths, readers, target_format)
+    num_documents = num_tokens = 0
     with open_writer(target_format, output_path, target_dtype, **writer_options) as writer:
-        for first in range(0, num_documents, batch_documents):
-            batch = reader.read_documents(first, min(first + batch_documents, num_documents))
-            writer.add_documents(batch.tokens, batch.sequence_lengths, batch.document_sequence_counts)
-    logger.info(
-        "converted %d documents (%d tokens) from %s to %s %s in %.1f s",
-        num_documents, reader.num_tokens, input_path, target_format, output_path, time.perf_counter() - started,
-    )
+        for reader in readers:
+            count = reader.num_documents
+            for first in range(0, count, batch_documents):
+                last = min(first + batch_documents, count)
+                batch = reader.read_documents(first, last)
+                extra = {"fields": {name: reader.field_values(name, first, last) for name in fields}} if fields else {}
+                writer.add_documents(batch.tokens, batch.sequence_lengths, batch.document_sequence_counts, **extra)
+            num_documents += count
+            num_tokens += reader.num_tokens
+    logger.info("converted %d documents (%d tokens) from %s to %s %s in %.1f s", num_documents, num_tokens,
+                paths[0] if len(paths) == 1 else f"{len(paths)} datasets", target_format, output_path,
+                time.perf_counter() - started)
+
+
+def _passed_fields(paths: list[str], readers: list[Any], target_format: str) -> list[str]:
+    """The pass-through fields to copy: those of Arrow sources going to Arrow (the same in every
+    source); others are dropped with a warning."""
+    names = [list(getattr(reader, "field_names", [])) for reader in readers]
+    if target_format == "arrow" and all(n == names[0] for n in names):
+        return names[0]
+    for path, dropped in zip(paths, names):
+        if dropped:
+            logger.warning("%s: pass-through fields %s are not converted", path, ", ".join(dropped))
+    return []

@@ -33,7 +33,26 @@ from .writer import IndexedDatasetWriter
 
 FORMATS = ("mmap", "arrow", "mindrecord")
 ARROW_STATE_FILE = "state.json"
+# How a dataset of each format is named after a stem (what preprocess-data and merge-datasets write).
+ARROW_FOLDER_SUFFIX = "_arrow"
+MINDRECORD_SUFFIX = ".mindrecord"
+# Beside every MindRecord data file: its SQLite index, `<data file>.db`.
+MINDRECORD_INDEX_SUFFIX = ".db"
 _MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")
+
+
+def is_mindrecord_name(path: str) -> bool:
+    """Whether `path` names a MindRecord data file (`x.mindrecord`, or shard `x.mindrecordN`)."""
+    return _MINDRECORD_NAME.search(str(path)) is not None
+
+
+def dataset_path(fmt: str, stem: str) -> str:
+    """The path of the dataset of format `fmt` named after `stem` (`x_text_document`): the prefix itself
+    for mmap, `stem_arrow` for Arrow, `stem.mindrecord` for MindRecord."""
+    suffixes = {"mmap": "", "arrow": ARROW_FOLDER_SUFFIX, "mindrecord": MINDRECORD_SUFFIX}
+    if fmt not in suffixes:
+        raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+    return stem + suffixes[fmt]
 
 
 def check_document_batch(
@@ -199,7 +218,7 @@ def format_of(path: str) -> str:
         raise ShardFormatError(f"{path}: a directory without {ARROW_STATE_FILE}, not a saved Arrow dataset")
     if path.endswith(".arrow"):
         return "arrow"
-    if _MINDRECORD_NAME.search(path):
+    if is_mindrecord_name(path):
         return "mindrecord"
     return "mmap"
 

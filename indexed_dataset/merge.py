@@ -2,7 +2,8 @@
 
 Same as Megatron's `tools/merge_datasets.py` (lengths concatenated, document indices shifted by the
 running sequence count, `.bin` bytes copied verbatim, pointers recomputed), with the order stated by
-the caller; `prefixes_in_directory` gives Megatron's order for a directory.
+the caller; `datasets_in_directory` gives Megatron's order for a directory, and finds the Arrow and
+MindRecord datasets there too (those are joined by `convert.convert`).
 """
 
 from __future__ import annotations
@@ -12,35 +13,57 @@ from collections.abc import Sequence
 
 from .errors import TokenmillError
 from .format import DATA_SUFFIX, INDEX_SUFFIX
+from .formats import ARROW_STATE_FILE, MINDRECORD_INDEX_SUFFIX, MINDRECORD_SUFFIX, is_mindrecord_name
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
 
-def prefixes_in_directory(directory: str) -> list[str]:
-    """The dataset prefixes in `directory`, in lexicographic order of their stems (Megatron's order).
+def datasets_in_directory(directory: str) -> dict[str, list[str]]:
+    """The datasets in `directory` by format, each in lexicographic order of its name (Megatron's order
+    for the `.bin/.idx` stems).
+
+    mmap: a `.bin/.idx` pair (its prefix); arrow: a `save_to_disk` folder; mindrecord: a one-file
+    MindRecord (`name.mindrecord` beside its `.db`). Hidden entries and other folders (a fanned-out
+    run's `_done` markers) are skipped; only formats present are keys.
 
     Raises:
-        TokenmillError: the directory is missing or empty, holds a file that is not `.bin`/`.idx`, or a
-            stem lacks one of the pair.
+        TokenmillError: the directory is missing or holds no dataset, a file of another kind, a stem
+            lacking one of its pair, or a multi-shard MindRecord (its shards do not read back in
+            document order).
     """
     if not os.path.isdir(directory):
         raise TokenmillError(f"{directory}: not a directory")
-    suffixes: dict[str, set[str]] = {}
+    found: dict[str, list[str]] = {}
+    pair_suffixes: dict[str, set[str]] = {}
     for name in sorted(os.listdir(directory)):
         path = os.path.join(directory, name)
-        if not os.path.isfile(path) or name.startswith("."):
+        if name.startswith("."):
+            continue
+        if os.path.isdir(path):
+            if os.path.isfile(os.path.join(path, ARROW_STATE_FILE)):
+                found.setdefault("arrow", []).append(path)
             continue
         stem, ext = os.path.splitext(name)
-        if ext not in (DATA_SUFFIX, INDEX_SUFFIX):
-            raise TokenmillError(f"{path}: not a .bin or .idx file")
-        suffixes.setdefault(stem, set()).add(ext)
-    for stem, found in suffixes.items():
-        missing = {DATA_SUFFIX, INDEX_SUFFIX} - found
+        if ext == MINDRECORD_INDEX_SUFFIX and is_mindrecord_name(stem):
+            continue  # a MindRecord's index, read through its data file
+        if ext == MINDRECORD_SUFFIX:
+            found.setdefault("mindrecord", []).append(path)
+        elif is_mindrecord_name(name):
+            raise TokenmillError(f"{path}: a shard of a multi-shard MindRecord; its shards do not read back in "
+                                 f"document order, so write the parts as one file each to merge them")
+        elif ext in (DATA_SUFFIX, INDEX_SUFFIX):
+            pair_suffixes.setdefault(stem, set()).add(ext)
+        else:
+            raise TokenmillError(f"{path}: not a .bin or .idx file, an Arrow folder or a .mindrecord")
+    for stem, suffixes in pair_suffixes.items():
+        missing = {DATA_SUFFIX, INDEX_SUFFIX} - suffixes
         if missing:
             raise TokenmillError(f"{os.path.join(directory, stem)}: missing its {missing.pop()} file")
-    if not suffixes:
-        raise TokenmillError(f"{directory}: no .bin/.idx pairs to merge")
-    return [os.path.join(directory, stem) for stem in sorted(suffixes)]
+    if pair_suffixes:
+        found["mmap"] = [os.path.join(directory, stem) for stem in sorted(pair_suffixes)]
+    if not found:
+        raise TokenmillError(f"{directory}: no datasets to merge (.bin/.idx pairs, Arrow folders, .mindrecord files)")
+    return found
 
 
 def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> None:

@@ -40,6 +40,7 @@ import numpy as np
 from .compress_int import compress_int_into, compress_int_sizes
 from .errors import TokenmillError
 from .formats import (
+    MINDRECORD_INDEX_SUFFIX,
     DocumentBatch,
     check_document_batch,
     check_row_layout,
@@ -222,7 +223,7 @@ class _ShardFile:
 
     def publish(self) -> None:
         """Move the `.db` then the data file to their final names."""
-        os.replace(self.temp_db_path, self.final_path + ".db")
+        os.replace(self.temp_db_path, self.final_path + MINDRECORD_INDEX_SUFFIX)
         os.replace(self.temp_path, self.final_path)
 
     def discard(self) -> None:
@@ -279,7 +280,7 @@ class MindRecordWriter(TokenWriter):
         if empty_documents not in EMPTY_DOCUMENT_POLICIES:
             raise ValueError(f"empty_documents must be one of {EMPTY_DOCUMENT_POLICIES}, got {empty_documents!r}")
         paths = shard_paths(self.path, num_shards)
-        existing = [p for p in paths for q in (p, p + ".db") if os.path.exists(q)]
+        existing = [p for p in paths for q in (p, p + MINDRECORD_INDEX_SUFFIX) if os.path.exists(q)]
         if existing:
             raise TokenmillError(f"{existing[0]}: MindRecord output already exists")
         if not os.path.isdir(os.path.dirname(os.path.abspath(self.path))):

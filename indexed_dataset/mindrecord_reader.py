@@ -18,7 +18,7 @@ import numpy as np
 
 from .compress_int import COUNT_BYTES, decompress_int_rows
 from .errors import ShardFormatError
-from .formats import RowDocumentsReader, row_structure
+from .formats import MINDRECORD_INDEX_SUFFIX, RowDocumentsReader, row_structure
 from .mindrecord import LENGTHS_FIELD, LENGTH_PREFIX_BYTES, TOKENS_FIELD, U64_LE, VERSION, concat_int64
 
 
@@ -55,7 +55,7 @@ class _ShardView:
 
     def __init__(self, path: str, header: dict, field_index: int, num_fields: int) -> None:
         self.path = path
-        db_path = path + ".db"
+        db_path = path + MINDRECORD_INDEX_SUFFIX
         if not os.path.isfile(db_path):
             raise ShardFormatError(f"{db_path}: no such file (every MindRecord data file needs its .db)")
         try:

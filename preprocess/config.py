@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from indexed_dataset.arrow import DEFAULT_SHARD_SIZE
-from indexed_dataset.formats import FORMATS
+from indexed_dataset.formats import FORMATS, dataset_path
 
 from .inputs import DEFAULT_CHUNK_BYTES
 from .sentences import SUPPORTED_LANGUAGES
@@ -145,6 +145,4 @@ class PreprocessConfig:
 
     def output_paths_of(self, key: str) -> dict[str, str]:
         """Format -> output path of a JSON key, for every output format."""
-        stem = self.output_prefix_of(key)
-        names = {"mmap": stem, "arrow": f"{stem}_arrow", "mindrecord": f"{stem}.mindrecord"}
-        return {fmt: names[fmt] for fmt in self.output_formats}
+        return {fmt: dataset_path(fmt, self.output_prefix_of(key)) for fmt in self.output_formats}

@@ -17,6 +17,7 @@ import numpy as np
 
 from indexed_dataset import TokenmillError, format_of, open_reader
 from indexed_dataset.format import INDEX_VERSION
+from indexed_dataset.formats import MINDRECORD_INDEX_SUFFIX
 from indexed_dataset.mindrecord_reader import read_header
 
 from .tokenizers import Tokenizer
@@ -72,7 +73,7 @@ def dataset_files(fmt: str, dataset) -> list[str]:
     if fmt == "mmap":
         return [dataset.bin_path, dataset.idx_path]
     if fmt == "mindrecord":
-        return [file for path in dataset.paths for file in (path, path + ".db")]
+        return [file for path in dataset.paths for file in (path, path + MINDRECORD_INDEX_SUFFIX)]
     metadata = [os.path.join(dataset.path, name) for name in ARROW_METADATA_FILES] if os.path.isdir(dataset.path) else []
     return list(dataset.paths) + metadata
 

@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 
 from indexed_dataset import IndexedDatasetWriter, data_file_path, index_file_path, merge_datasets
-from indexed_dataset.formats import open_writer
+from indexed_dataset.formats import MINDRECORD_INDEX_SUFFIX, open_writer
 
 from .config import PreprocessConfig
 from .documents import EncodedChunk
@@ -37,7 +37,7 @@ def remove_output(fmt: str, path: str, mindrecord_shards: int = 1) -> None:
     else:
         from indexed_dataset.mindrecord import shard_paths
 
-        paths = [p + suffix for p in shard_paths(path, mindrecord_shards) for suffix in ("", ".db")]
+        paths = [p + suffix for p in shard_paths(path, mindrecord_shards) for suffix in ("", MINDRECORD_INDEX_SUFFIX)]
     for file_path in paths:
         if os.path.exists(file_path):
             os.remove(file_path)

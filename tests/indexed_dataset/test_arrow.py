@@ -92,7 +92,7 @@ def test_reader_gives_sequences_and_document_boundaries(saved, documents):
     assert reader.document_indices.tolist() == [0] + np.cumsum([len(d) > 0 for d in documents]).tolist()
     assert all(np.array_equal(reader[i], non_empty[i]) for i in range(len(non_empty)))
     assert reader[5].dtype == np.uint16
-    assert reader.field("id")[:2] == ["doc-0", "doc-1"]
+    assert reader.field_values("id")[:2] == ["doc-0", "doc-1"]
     batch = reader.read_documents(8, 13)
     assert np.array_equal(batch.tokens, np.concatenate(documents[8:13]))
     assert batch.document_sequence_counts.tolist() == [int(len(d) > 0) for d in documents[8:13]]

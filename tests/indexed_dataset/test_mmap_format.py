@@ -13,9 +13,9 @@ from indexed_dataset import (
     IndexFormatError,
     TokenmillError,
     TokenRangeError,
+    datasets_in_directory,
     merge_datasets,
     optimal_dtype,
-    prefixes_in_directory,
 )
 from indexed_dataset.format import index_file_size, sequence_pointers
 
@@ -150,7 +150,7 @@ def test_merge_reads_back_as_a_then_b_with_documents_shifted(tmp_path):
     os.makedirs(tmp_path / "in")
     write_dataset(tmp_path / "in" / "b_second", [[[1], [2]], [[3]]])
     write_dataset(tmp_path / "in" / "a_first", [[[7, 8]]])
-    prefixes = prefixes_in_directory(str(tmp_path / "in"))
+    prefixes = datasets_in_directory(str(tmp_path / "in"))["mmap"]
     assert [os.path.basename(p) for p in prefixes] == ["a_first", "b_second"]
     merge_datasets(prefixes, str(tmp_path / "m"))
     merged = IndexedDataset(str(tmp_path / "m"))
@@ -171,11 +171,11 @@ def test_directory_with_a_stray_or_unpaired_file_is_refused(tmp_path):
     write_dataset(tmp_path / "a", [[[1]]])
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(TokenmillError, match="notes.txt: not a .bin or .idx"):
-        prefixes_in_directory(str(tmp_path))
+        datasets_in_directory(str(tmp_path))
     os.remove(tmp_path / "notes.txt")
     os.remove(tmp_path / "a.bin")
     with pytest.raises(TokenmillError, match="missing its .bin"):
-        prefixes_in_directory(str(tmp_path))
+        datasets_in_directory(str(tmp_path))
 
 
 # ------------------------------------------------------------------------------ damaged files

@@ -89,6 +89,37 @@ def test_parts_merge_into_the_single_process_bytes_and_rerun_resumes(tmp_path, c
     assert part.stat().st_mtime_ns != before
 
 
+def _files_under(path) -> dict[str, bytes]:
+    """Relative name -> bytes of a dataset's files (a folder's files, or a file and its .db)."""
+    if os.path.isdir(path):
+        return {name: open(os.path.join(path, name), "rb").read() for name in sorted(os.listdir(path))}
+    return {suffix: open(str(path) + suffix, "rb").read() for suffix in ("", ".db")}
+
+
+def test_every_format_of_the_parts_merges_into_the_single_process_bytes(tmp_path):
+    """mmap, Arrow (with a kept field) and MindRecord parts of 3 ranks, merged from their directory,
+    are byte for byte the outputs of one process over the same files."""
+    os.makedirs(tmp_path / "in")
+    for k in range(NUM_FILES):
+        write_jsonl(str(tmp_path / "in" / f"shard{k:02d}.jsonl"),
+                    [{"text": " ".join(str((k * 13 + i + j) % 1000) for j in range(i % 7)), "id": f"{k}-{i}"}
+                     for i in range(30 + k)])
+    formats = ["--output-format", "mmap", "arrow", "mindrecord", "--keep-fields", "id"]
+    assert cli.main(argv(tmp_path / "in", tmp_path / "single", *formats)) == 0
+    (tmp_path / "parts").mkdir()
+    for rank in range(3):
+        assert cli.main(argv(tmp_path / "in", tmp_path / "parts" / "c", *formats, "--rank", str(rank),
+                             "--world-size", "3")) == 0
+    # The same stem as the single run: a MindRecord header stores its own file name.
+    (tmp_path / "merged").mkdir()
+    merged = tmp_path / "merged" / "single_text_document"
+    assert merge_cli.main(["--input", str(tmp_path / "parts"), "--output-prefix", str(merged)]) == 0
+
+    assert same_dataset(str(merged), str(tmp_path / "single_text_document"))
+    for suffix in ("_arrow", ".mindrecord"):
+        assert _files_under(f"{merged}{suffix}") == _files_under(tmp_path / f"single_text_document{suffix}"), suffix
+
+
 def test_a_rank_without_files_writes_empty_parts(tmp_path):
     make_inputs(tmp_path / "in")
     assert cli.main(argv(tmp_path / "in", tmp_path / "c", "--rank", "0", "--world-size", "8",

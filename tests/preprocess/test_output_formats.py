@@ -116,3 +116,28 @@ def test_an_existing_output_fails_before_any_work(tmp_path, capsys, files_in):
 def test_an_option_of_a_format_not_written_is_refused(tmp_path, capsys, flags):
     assert run(tmp_path, *flags) == 2
     assert "apply to the" in capsys.readouterr().err
+
+
+def test_merge_datasets_joins_row_formats_in_order_and_refuses_what_it_cannot_order(tmp_path, capsys):
+    """Arrow datasets given one by one join like mmap ones (sentence lengths and kept fields too);
+    datasets of two formats, or a multi-shard MindRecord (its shards do not read back in document
+    order), are one clear line."""
+    from preprocess import merge_cli
+
+    flags = ["--output-format", "mmap", "arrow", "--split-sentences", "--keep-fields", "id"]
+    assert run(tmp_path, *flags, name="a", source=write_jsonl(str(tmp_path / "a.jsonl"), DOCUMENTS[:120])) == 0
+    assert run(tmp_path, *flags, name="b", source=write_jsonl(str(tmp_path / "b.jsonl"), DOCUMENTS[120:])) == 0
+    assert run(tmp_path, *flags, name="whole") == 0
+    parts = [str(tmp_path / "a_text_sentence_arrow"), str(tmp_path / "b_text_sentence_arrow")]
+    assert merge_cli.main(["--inputs", *parts, "--output-prefix", str(tmp_path / "ab")]) == 0
+    merged, whole = open_reader(str(tmp_path / "ab_arrow")), open_reader(str(tmp_path / "whole_text_sentence_arrow"))
+    assert same_documents(merged, whole)
+    assert merged.field_values("id") == [d["id"] for d in DOCUMENTS]
+
+    assert merge_cli.main(["--inputs", parts[0], str(tmp_path / "b_text_sentence"), "--output-prefix",
+                           str(tmp_path / "mixed")]) == 1
+    assert "must share one format" in capsys.readouterr().err
+    (tmp_path / "shards").mkdir()
+    convert(str(tmp_path / "a_text_sentence"), str(tmp_path / "shards" / "a.mindrecord"), "mindrecord", num_shards=2)
+    assert merge_cli.main(["--input", str(tmp_path / "shards"), "--output-prefix", str(tmp_path / "m")]) == 1
+    assert "a.mindrecord0: a shard of a multi-shard MindRecord" in capsys.readouterr().err
