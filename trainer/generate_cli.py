@@ -6,7 +6,8 @@
              --merge-file gpt2-merges.txt --tokenizer-type GPT2BPETokenizer
     # 2 CPU processes, tensor parallel (started through torch's elastic launcher, as train does)
     generate --load gpt2/ --prompt "Hello" --nproc-per-node 2 --device cpu --tensor-model-parallel-size 2
-    # a T5/mT5 directory (config.json model_type t5/mt5): encoder input -> decoder output, one process
+    # a T5/mT5 directory (config.json model_type t5/mt5) or a train --model t5 checkpoint: encoder
+    # input -> decoder output, one process
     generate --load t5-small/ --prompt "translate English to German: Hello" --greedy
 
 Without tokenizer flags the tokenizer files stored with the model are used. Prints each continuation
@@ -33,8 +34,7 @@ from trainer.config import LaunchConfig
 from trainer.distributed import launch, under_launcher
 from trainer.generate import GenerateConfig, generate, plan_generation
 from trainer.generation.sampling import SamplingConfig
-from trainer.hf_t5 import is_hf_t5_directory
-from trainer.t5_generate import generate_t5
+from trainer.t5_generate import generate_t5, is_t5_source
 
 PROG = "generate"
 EXIT_ERROR = 1
@@ -44,7 +44,7 @@ DEFAULT_MASTER_PORT = 29500
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROG,
-                                     description="Continue prompts with a GPT checkpoint or a T5/mT5 directory.",
+                                     description="Continue prompts with a GPT or T5 checkpoint or a HF GPT-2 / T5 / mT5 directory.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--load", required=True,
                         help="checkpoint root, iter_XXXXXXX directory, or HF GPT-2 / T5 / mT5 directory")
@@ -118,7 +118,7 @@ def _run(config: GenerateConfig) -> list[dict] | None:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        run = generate_t5 if is_hf_t5_directory(config.load) else generate
+        run = generate_t5 if is_t5_source(config.load) else generate
         return [asdict(c) for c in run(config)]
     except REPORTED_ERRORS as error:
         if rank == 0:
@@ -151,9 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as error:
         _fail(str(error))
         return EXIT_USAGE
-    if launch_config.num_gpus_per_node > 1 and is_hf_t5_directory(config.load):
-        _fail("T5 generation runs in one process: use --nproc-per-node 1")
-        return EXIT_USAGE
+    try:
+        if launch_config.num_gpus_per_node > 1 and is_t5_source(config.load):
+            _fail("T5 generation runs in one process: use --nproc-per-node 1")
+            return EXIT_USAGE
+    except REPORTED_ERRORS as error:
+        _fail(str(error))
+        return EXIT_ERROR
     if launch_config.num_gpus_per_node == 1 or under_launcher():
         completions = _run(config)
         if completions is None:

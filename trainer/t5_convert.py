@@ -109,8 +109,9 @@ def import_hf_t5_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike, 
     return save_checkpoint(root, IMPORTED_ITERATION, state)
 
 
-def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike) -> Path:
-    """Write iteration ``iteration`` of a T5 checkpoint root as a HF T5/mT5 directory (padding rows dropped).
+def load_t5_checkpoint(root: Path, iteration: int) -> tuple[T5, dict]:
+    """The `T5` of iteration ``iteration`` of a T5 checkpoint root (padding rows dropped), and its
+    `read_t5_model_config`.
 
     Raises:
         CheckpointError: the root is not a T5 checkpoint, or its tensors do not fit its model config.
@@ -128,6 +129,16 @@ def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike) 
                                                  else t) for name, t in state.items()}
     model.load_state_dict(trimmed, strict=False)
     model.tie_weights()
+    return model, info
+
+
+def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike) -> Path:
+    """Write iteration ``iteration`` of a T5 checkpoint root as a HF T5/mT5 directory (padding rows dropped).
+
+    Raises:
+        CheckpointError: the root is not a T5 checkpoint, or its tensors do not fit its model config.
+    """
+    model, info = load_t5_checkpoint(root, iteration)
     return save_hf_t5(model, hf_dir, info["model_type"], info["eos_id"], info["pad_id"], tokenizer_source=root)
 
 

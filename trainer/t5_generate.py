@@ -1,5 +1,5 @@
 """Encoder-decoder generation with a `trainer.t5_model.T5`: greedy (what HF ``generate(do_sample=False)``
-does) or sampled, and `generate_t5`, what ``generate --load T5_DIR`` runs.
+does) or sampled, and `generate_t5`, what ``generate --load T5_DIR_OR_CHECKPOINT`` runs.
 
     ids = greedy_generate(model, encoder_input_ids, max_new_tokens=32, decoder_start_id=0, eos_id=1, pad_id=0)
     completions = generate_t5(GenerateConfig(load="t5-small/", prompt_ids=[[13, 8, 1]], max_new_tokens=20))
@@ -12,16 +12,20 @@ EOS is continued with the pad id until every sequence is done or ``max_new_token
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from preprocess.tokenizers import build_tokenizer
 from trainer.distributed import resolve_device_type
-from trainer.errors import TrainConfigError
+from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generate import Completion, GenerateConfig
 from trainer.generation.sampling import next_tokens
+from trainer.hf_convert import resolve_checkpoint
 from trainer.hf_files import read_hf_config, tokenizer_config_for_directory
-from trainer.hf_t5 import load_hf_t5
+from trainer.hf_t5 import is_hf_t5_directory, load_hf_t5
+from trainer.t5_convert import load_t5_checkpoint, read_t5_model_config
 from trainer.t5_model import T5
 
 
@@ -77,32 +81,73 @@ def _right_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, mask
 
 
+@dataclass(frozen=True)
+class _T5Source:
+    """A T5 to generate with, its special ids, real vocabulary size and the directory of its files."""
+
+    model: T5
+    eos_id: int
+    pad_id: int
+    start_id: int
+    vocab_size: int
+    directory: Path
+
+
+def is_t5_source(path: str) -> bool:
+    """Whether ``generate --load PATH`` names a T5: a HF T5/mT5 directory, or a ``train --model t5``
+    checkpoint (its root or one ``iter_XXXXXXX`` directory).
+
+    Raises:
+        CheckpointError: a T5 checkpoint's model config is malformed.
+    """
+    if is_hf_t5_directory(path):
+        return True
+    try:
+        root, _ = resolve_checkpoint(path)
+    except CheckpointError:
+        return False
+    return read_t5_model_config(root) is not None
+
+
+def _load_source(path: str) -> _T5Source:
+    if is_hf_t5_directory(path):
+        hf_config = read_hf_config(path)
+        model = load_hf_t5(path)
+        eos_id, pad_id = hf_config.get("eos_token_id", 1), hf_config.get("pad_token_id", 0)
+        return _T5Source(model, eos_id, pad_id, hf_config.get("decoder_start_token_id", pad_id),
+                         hf_config.get("vocab_size", model.shape.vocab_size), Path(path))
+    root, iteration = resolve_checkpoint(path)
+    model, info = load_t5_checkpoint(root, iteration)
+    # T5 starts decoding with the pad id (HF's decoder_start_token_id), as export writes it.
+    return _T5Source(model, info["eos_id"], info["pad_id"], info["pad_id"], info["vocab_size"], root)
+
+
 def generate_t5(config: GenerateConfig) -> list[Completion]:
-    """Generate with a local Hugging Face T5/mT5 directory in this process (``generate --load T5_DIR``).
+    """Generate with a T5 in this process: ``generate --load T5_DIR`` (a local Hugging Face T5/mT5
+    directory) or ``generate --load CHECKPOINT`` (a ``train --model t5`` checkpoint).
 
     Text prompts are encoded and end with EOS (as T5Tokenizer does); id prompts are used as given.
     A completion's ids are the generated decoder ids (after the start id), ending with EOS when it
-    stopped there.
+    stopped there. The tokenizer comes from the options, else from the directory's files.
 
     Raises:
         TrainConfigError: a parallel layout was asked for, a text prompt without a tokenizer, or ids
             outside the vocabulary.
         HFConversionError: the directory is not a T5/mT5.
+        CheckpointError: the checkpoint is not a T5's, or damaged.
     """
     if config.tensor_model_parallel_size * config.pipeline_model_parallel_size != 1:
         raise TrainConfigError("T5 generation runs in one process: tensor/pipeline parallel sizes must be 1")
-    hf_config = read_hf_config(config.load)
-    eos_id, pad_id = hf_config.get("eos_token_id", 1), hf_config.get("pad_token_id", 0)
-    start_id = hf_config.get("decoder_start_token_id", pad_id)
-    tokenizer_config = config.tokenizer or tokenizer_config_for_directory(config.load)
+    source = _load_source(config.load)
+    eos_id, pad_id, start_id, vocab_size = source.eos_id, source.pad_id, source.start_id, source.vocab_size
+    tokenizer_config = config.tokenizer or tokenizer_config_for_directory(source.directory)
     if config.prompts and tokenizer_config is None:
         raise TrainConfigError(f"text prompts need a tokenizer: {config.load} holds no tokenizer files; "
                                "give the tokenizer options or prompts as token ids")
     tokenizer = build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
     prompts = [tokenizer.encode(text) + [eos_id] for text in config.prompts] + [list(p) for p in config.prompt_ids]
     device = torch.device(resolve_device_type(config.device))
-    model = load_hf_t5(config.load).eval().to(device)
-    vocab_size = hf_config.get("vocab_size", model.shape.vocab_size)
+    model = source.model.eval().to(device)
     if any(not p or min(p) < 0 or max(p) >= vocab_size for p in prompts):
         raise TrainConfigError(f"every prompt needs token ids in [0, {vocab_size}) (the model's vocabulary)")
     generator = torch.Generator(device=device).manual_seed(config.seed)

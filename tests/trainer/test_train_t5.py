@@ -65,6 +65,36 @@ def test_trained_t5_exports_to_transformers_without_flags(sentence_prefix, data_
     assert torch.equal(exported.shared.weight, saved["model.shared.weight"][:info["vocab_size"]])
 
 
+def test_generate_runs_straight_from_a_t5_training_checkpoint(sentence_prefix, data_test, t5_reference, tmp_path,
+                                                              capsys):
+    """``generate --load CHECKPOINT`` equals generating from its ``convert-checkpoint --to-hf`` export,
+    for the latest iteration (the root) and for one iteration directory; text prompts take the
+    tokenizer flags."""
+    import json
+
+    from trainer.convert_cli import main as convert_main
+    from trainer.generate_cli import main as generate_main
+
+    train(t5_config(sentence_prefix, data_test, t5_reference["cache"], train_iters=2, save=str(tmp_path / "run")))
+    assert convert_main(["--from", str(tmp_path / "run"), "--to-hf", str(tmp_path / "hf")]) == 0
+    tokenizer = ["--tokenizer-type", "SentencePieceTokenizer",
+                 "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model")]
+    common = ["--greedy", "--json", "--max-new-tokens", "6", "--device", "cpu", "--prompt-ids", "5 17 42 9",
+              "--prompt-ids", "8 3", "--prompt", "The manual page", *tokenizer]
+
+    def generated(load: str) -> list[dict]:
+        assert generate_main(["--load", load, *common]) == 0
+        return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+    exported = generated(str(tmp_path / "hf"))
+    assert all(1 <= len(r["ids"]) <= 6 for r in exported)
+    assert generated(str(tmp_path / "run")) == exported
+    assert generated(str(tmp_path / "run" / "iter_0000002")) == exported
+    # Text prompts come first, then the id prompts.
+    assert [r["prompt"] for r in exported] == ["The manual page", [5, 17, 42, 9], [8, 3]]
+    assert all(isinstance(r["text"], str) for r in exported)
+
+
 @pytest.mark.timeout(600)
 def test_parallel_layouts_follow_the_single_process_run(sentence_prefix, data_test, t5_reference, workdir):
     configs = [t5_config(sentence_prefix, data_test, t5_reference["cache"], **layout)
