@@ -43,8 +43,8 @@ DEFAULT_MASTER_PORT = 29500
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG,
-                                     description="Continue prompts with a GPT or T5 checkpoint or a HF GPT-2 / T5 / mT5 directory.",
+    parser = argparse.ArgumentParser(prog=PROG, description="Continue prompts with a GPT or T5 checkpoint, or a HF "
+                                                             "GPT-2 / T5 / mT5 directory.",
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--load", required=True,
                         help="checkpoint root, iter_XXXXXXX directory, or HF GPT-2 / T5 / mT5 directory")
