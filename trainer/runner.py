@@ -42,9 +42,10 @@ class ParallelModel:
 
     Every rank builds the full model on the meta device, splits and shards it there, then allocates
     its own share and fills it with that share of the full model's initial values drawn from ``seed``
-    (identical init in every layout, `_materialize`). The GPT is the default; another model (`trainer.t5_runner.ParallelT5`)
-    overrides the model hooks (``_build``, ``_num_layers``, ``_split``, ``_apply_tp``, ``_apply_fsdp``,
-    ``_tied_names``) and the batch hooks (``_forward``, ``_first_stage_inputs``).
+    (identical init in every layout, `_materialize`). The GPT is the default; another model
+    (`trainer.t5_runner.ParallelT5`) overrides the model hooks (``_build``, ``_num_layers``, ``_split``,
+    ``_apply_tp``, ``_apply_fsdp``, ``_tied_names``) and the batch hooks (``_forward``,
+    ``_first_stage_inputs``).
     """
 
     def __init__(self, shape: GPTShape, dims: ParallelDims, mesh: DeviceMesh | None, parallelism: ParallelismConfig,
@@ -151,7 +152,8 @@ class ParallelModel:
 
         The full model's parameters are drawn one at a time, in its own order, from ``seed``; each
         part keeps its shard. Every layout thus starts from the same weights, while no rank ever holds
-        more than its share plus one full tensor (a model too large for one device still builds).
+        more than its share plus one full tensor (a model too large for one device builds when its
+        shares fit).
         """
         for part in self.parts:
             part.to_empty(device=self.device)

@@ -90,7 +90,8 @@ def test_a_full_disk_is_one_line_naming_the_file_and_leaves_no_output(tmp_path, 
     monkeypatch.setattr(IndexedDatasetWriter, "add_documents", full)
     assert null_run(tmp_path, 100, "1 2 3") == 1
     err = capsys.readouterr().err
-    assert err == f"preprocess-data: error: [Errno 28] No space left on device: '{tmp_path / 'out_text_document.bin'}'\n"
+    path = tmp_path / "out_text_document.bin"
+    assert err == f"preprocess-data: error: [Errno 28] No space left on device: '{path}'\n"
     assert files_in() == ["in.jsonl"]
 
 
