@@ -22,6 +22,7 @@ round trip gives back the same dtype.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -309,7 +310,9 @@ class ArrowWriter(TokenWriter):
 
     def _discard(self) -> None:
         if self._stream is not None:
-            self._close_shard()
+            # Closing writes the stream's end, which fails again on a full disk: remove the files regardless.
+            with contextlib.suppress(OSError):
+                self._close_shard()
         for temporary in self._shard_paths:
             if os.path.exists(temporary):
                 os.remove(temporary)
@@ -319,18 +322,52 @@ class ArrowWriter(TokenWriter):
 
 
 def _open_table(path: str) -> pa.Table:
-    """Memory-map one `.arrow` file (IPC stream as datasets writes it, or IPC file format)."""
+    """Memory-map one `.arrow` file (IPC stream as datasets writes it, or IPC file format) and check it
+    fully (list offsets in bounds, no bytes after the end of the stream).
+
+    Raises:
+        ShardFormatError: naming the file; pyarrow's own messages ("Invalid flatbuffers message") do not.
+    """
     if not os.path.isfile(path):
         raise ShardFormatError(f"{path}: no such file")
-    source = pa.memory_map(path)
     try:
+        source = pa.memory_map(path)
         if source.read(6) == b"ARROW1":
             source.seek(0)
-            return pa.ipc.open_file(source).read_all()
-        source.seek(0)
-        return pa.ipc.open_stream(source).read_all()
-    except pa.ArrowInvalid as error:
-        raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({error})") from None
+            table = pa.ipc.open_file(source).read_all()
+        else:
+            source.seek(0)
+            table = pa.ipc.open_stream(source).read_all()
+            trailing = source.size() - source.tell()
+            if trailing:
+                raise ShardFormatError(f"{path}: {trailing} bytes after the end of the Arrow stream "
+                                       f"(offset {source.tell()})")
+        # The IPC reader trusts the buffers; a damaged offset would otherwise read outside them later.
+        table.validate(full=True)
+    except (pa.ArrowException, OSError) as error:
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise ShardFormatError(f"{path}: not a readable Arrow IPC file ({reason})") from None
+    return table
+
+
+def _data_file_names(state_path: str) -> list[str]:
+    """The shard file names listed in a `save_to_disk` folder's `state.json`.
+
+    Raises:
+        ShardFormatError: the file is unreadable, or the list is missing, empty or not made of names.
+    """
+    try:
+        with open(state_path, encoding="utf-8") as f:
+            entries = json.load(f)["_data_files"]
+        names = [entry["filename"] for entry in entries]
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+        raise ShardFormatError(f"{state_path}: cannot read the data file list ({error})") from None
+    if not names:
+        raise ShardFormatError(f"{state_path}: _data_files lists no data file")
+    bad = [name for name in names if not isinstance(name, str) or not name or os.path.basename(name) != name]
+    if bad:
+        raise ShardFormatError(f"{state_path}: _data_files holds {bad[0]!r}, not a file name in the folder")
+    return names
 
 
 class ArrowReader(RowDocumentsReader):
@@ -347,12 +384,7 @@ class ArrowReader(RowDocumentsReader):
     def __init__(self, path: str) -> None:
         self.path = str(path)
         if os.path.isdir(self.path):
-            state_path = os.path.join(self.path, ARROW_STATE_FILE)
-            try:
-                with open(state_path, encoding="utf-8") as f:
-                    names = [entry["filename"] for entry in json.load(f)["_data_files"]]
-            except (OSError, ValueError, KeyError, TypeError) as error:
-                raise ShardFormatError(f"{state_path}: cannot read the data file list ({error})") from None
+            names = _data_file_names(os.path.join(self.path, ARROW_STATE_FILE))
             files = [os.path.join(self.path, name) for name in names]
         else:
             files = [self.path]
@@ -368,26 +400,39 @@ class ArrowReader(RowDocumentsReader):
         is_list = column_type is not None and (pa.types.is_list(column_type) or pa.types.is_large_list(column_type))
         if not is_list or not pa.types.is_integer(column_type.value_type):
             raise ShardFormatError(f"{self.path}: no list-of-integers column {TOKENS_COLUMN!r} (got {column_type})")
-        metadata = json.loads((schema.metadata or {}).get(TOKENMILL_METADATA_KEY, b"{}"))
-        self.dtype = np.dtype(metadata.get("dtype", column_type.value_type.to_pandas_dtype()))
+        self.dtype = self._token_dtype(schema, column_type.value_type)
         self.field_names = [n for n in schema.names if n not in (TOKENS_COLUMN, LENGTHS_COLUMN)]
         row_tokens = self._row_counts(TOKENS_COLUMN)
         if LENGTHS_COLUMN in schema.names:
+            lengths_type = schema.field(LENGTHS_COLUMN).type
+            if not pa.types.is_list(lengths_type) or not pa.types.is_integer(lengths_type.value_type):
+                raise ShardFormatError(f"{self.path}: column {LENGTHS_COLUMN!r} is {lengths_type}, not a list of integers")
             stored = self._table.column(LENGTHS_COLUMN)
             lengths = np.concatenate([np.zeros(0, np.int32)] + [c.flatten().to_numpy() for c in stored.chunks])
             self.sequence_lengths, self.document_indices = row_structure(
-                row_tokens, lengths, self._row_counts(LENGTHS_COLUMN)
+                self.path, row_tokens, lengths, self._row_counts(LENGTHS_COLUMN)
             )
         else:
-            self.sequence_lengths, self.document_indices = row_structure(row_tokens, None, None)
+            self.sequence_lengths, self.document_indices = row_structure(self.path, row_tokens, None, None)
         self._build_offsets()
         if self.num_tokens != int(row_tokens.sum()):
             raise ShardFormatError(f"{self.path}: the {LENGTHS_COLUMN} column does not add up to the tokens")
 
+    def _token_dtype(self, schema: pa.Schema, value_type: pa.DataType) -> np.dtype:
+        """The token dtype recorded in our schema metadata, else the column's value type."""
+        try:
+            metadata = json.loads((schema.metadata or {}).get(TOKENMILL_METADATA_KEY, b"{}"))
+            dtype = np.dtype(metadata.get("dtype", value_type.to_pandas_dtype()))
+        except (ValueError, TypeError, AttributeError, RecursionError) as error:
+            raise ShardFormatError(f"{self.path}: unreadable token dtype in the schema metadata ({error})") from None
+        if dtype.kind not in "iu":
+            raise ShardFormatError(f"{self.path}: token dtype {dtype} in the schema metadata is not an integer type")
+        return dtype
+
     def _row_counts(self, column: str) -> np.ndarray:
         chunks = self._table.column(column).chunks
-        if self._table.column(column).null_count:
-            raise ShardFormatError(f"{self.path}: column {column!r} has null rows")
+        if self._table.column(column).null_count or any(chunk.values.null_count for chunk in chunks):
+            raise ShardFormatError(f"{self.path}: column {column!r} has null rows or null values")
         counts = [np.diff(chunk.offsets.to_numpy()).astype(np.int64) for chunk in chunks]
         return np.concatenate([np.zeros(0, np.int64)] + counts)
 

@@ -10,12 +10,17 @@ Documents stream through in batches, so memory stays bounded by one batch plus w
 writer keeps per document. Tokens and document (and sequence) boundaries round-trip exactly, and so do
 the pass-through fields of Arrow sources written to Arrow; a target writer batches rows by document
 count alone, so joining parts gives the bytes of writing their documents in one run. A multi-shard
-MindRecord is read back shard by shard, which keeps the order when it was written in one batch per
-shard (`convert` writes in batches, so use one shard where the order matters).
+MindRecord reads back in document order (tokenmill writes it as one `write_raw_data` call; one that
+MindSpore wrote in several calls is refused, see `mindrecord_reader`).
+
+Without an explicit dtype, an mmap target gets Megatron's token dtype for the data (`optimal_dtype`
+with the rule "megatron", applied to the largest id + 1: uint16 below 65,500 ids, else int32), as
+preprocess-data would have chosen it; other targets keep the sources' dtype.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Sequence
@@ -23,8 +28,16 @@ from typing import Any
 
 import numpy as np
 
+from .cli_support import signals_deferred
 from .errors import TokenmillError
-from .formats import FORMATS, has_one_sequence_per_document, open_reader, open_writer
+from .format import optimal_dtype
+from .formats import (
+    FORMATS,
+    has_one_sequence_per_document,
+    mindrecord_files_name,
+    open_reader,
+    open_writer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -49,15 +62,16 @@ def convert(
         output_path: the target (a prefix for mmap, a directory for Arrow, a file name for MindRecord).
         target_format: one of `formats.FORMATS`.
         source_format: one of `formats.FORMATS`, or None to detect it from each input path.
-        dtype: token dtype of the target; None keeps the sources' (which must then agree; MindRecord
-            stores int32 or int64).
+        dtype: token dtype of the target; None picks Megatron's for the ids of the data when the target
+            is mmap (see the module docstring), else keeps the sources' (which must then agree;
+            MindRecord stores int32 or int64).
         batch_documents: documents per read/write batch.
         writer_options: passed to the target writer (see `formats.open_writer`); for Arrow and
             MindRecord `store_sequence_lengths` defaults to whether a source needs it.
 
     Raises:
-        TokenmillError: no or unreadable sources, sources of different dtypes (checked before writing),
-            an existing target, or ids that do not fit `dtype`.
+        TokenmillError: no, unreadable or damaged sources, sources of different dtypes (all checked
+            before writing), an existing target, or ids that do not fit `dtype`; nothing is left behind.
     """
     if target_format not in FORMATS:
         raise ValueError(f"unknown target format {target_format!r}; expected one of {', '.join(FORMATS)}")
@@ -68,19 +82,32 @@ def convert(
         raise TokenmillError("nothing to convert: no input dataset")
     started = time.perf_counter()
     readers = [open_reader(path, source_format) for path in paths]
+    # Every source is checked whole before the first byte is written: a damaged input must stop the
+    # run, never be passed on (mmap: every array and the file sizes; rows: every row decoded once).
+    for reader in readers:
+        reader.validate()
     if dtype is None:
         for path, reader in zip(paths[1:], readers[1:]):
             if reader.dtype != readers[0].dtype:
                 raise TokenmillError(f"{path}: dtype {reader.dtype.name} differs from {paths[0]}'s "
                                      f"{readers[0].dtype.name}")
-    target_dtype = np.dtype(dtype) if dtype is not None else readers[0].dtype
+    if dtype is not None:
+        target_dtype = np.dtype(dtype)
+    elif target_format == "mmap":
+        target_dtype = megatron_dtype_of(readers, batch_documents)
+    else:
+        target_dtype = readers[0].dtype
     if target_format != "mmap":
         needs_lengths = any(not has_one_sequence_per_document(r.sequence_lengths, np.diff(r.document_indices))
                             for r in readers)
         writer_options.setdefault("store_sequence_lengths", needs_lengths)
     fields = _passed_fields(paths, readers, target_format)
     num_documents = num_tokens = 0
-    with open_writer(target_format, output_path, target_dtype, **writer_options) as writer:
+    with contextlib.ExitStack() as stack:
+        # Ctrl-C / SIGTERM must not fall between the writer creating its temporaries and the `with`
+        # that aborts it (they would stay behind): held until the writer is registered.
+        with signals_deferred():
+            writer = stack.enter_context(open_writer(target_format, output_path, target_dtype, **writer_options))
         for reader in readers:
             count = reader.num_documents
             for first in range(0, count, batch_documents):
@@ -90,9 +117,31 @@ def convert(
                 writer.add_documents(batch.tokens, batch.sequence_lengths, batch.document_sequence_counts, **extra)
             num_documents += count
             num_tokens += reader.num_tokens
-    logger.info("converted %d documents (%d tokens) from %s to %s %s in %.1f s", num_documents, num_tokens,
-                paths[0] if len(paths) == 1 else f"{len(paths)} datasets", target_format, output_path,
-                time.perf_counter() - started)
+    written = output_path
+    if target_format == "mindrecord":
+        written = mindrecord_files_name(output_path, writer_options.get("num_shards", 1))
+    logger.info("converted %d documents (%d tokens) from %s to %s %s (%s) in %.1f s", num_documents, num_tokens,
+                paths[0] if len(paths) == 1 else f"{len(paths)} datasets", target_format, written,
+                target_dtype.name, time.perf_counter() - started)
+
+
+def megatron_dtype_of(readers: Sequence[Any], batch_documents: int) -> np.dtype:
+    """Megatron's token dtype for the ids the sources hold (`optimal_dtype(largest id + 1, "megatron")`),
+    reading every document once in batches of `batch_documents`.
+
+    Ids Megatron's rule cannot hold (negative, or beyond int32) keep the sources' dtype; with no tokens
+    at all, uint16 (Megatron's choice for any small vocabulary).
+    """
+    smallest, largest = 0, 0
+    for reader in readers:
+        for first in range(0, reader.num_documents, batch_documents):
+            tokens = reader.read_documents(first, min(first + batch_documents, reader.num_documents)).tokens
+            if len(tokens):
+                smallest, largest = min(smallest, int(tokens.min())), max(largest, int(tokens.max()))
+    chosen = optimal_dtype(largest + 1, "megatron")
+    if smallest < 0 or largest > np.iinfo(chosen).max:
+        return np.result_type(*(reader.dtype for reader in readers))
+    return chosen
 
 
 def _passed_fields(paths: list[str], readers: list[Any], target_format: str) -> list[str]:

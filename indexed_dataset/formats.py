@@ -38,6 +38,8 @@ ARROW_FOLDER_SUFFIX = "_arrow"
 MINDRECORD_SUFFIX = ".mindrecord"
 # Beside every MindRecord data file: its SQLite index, `<data file>.db`.
 MINDRECORD_INDEX_SUFFIX = ".db"
+# Documents decoded per step of a row format's full check.
+VALIDATE_BLOCK_DOCUMENTS = 65536
 _MINDRECORD_NAME = re.compile(r"\.mindrecord\d*$")
 
 
@@ -53,6 +55,12 @@ def dataset_path(fmt: str, stem: str) -> str:
     if fmt not in suffixes:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return stem + suffixes[fmt]
+
+
+def mindrecord_files_name(path: str, num_shards: int) -> str:
+    """How messages name the data files of the MindRecord `path`: `x.mindrecord` itself for one shard,
+    `x.mindrecord0..3` for four (no `x.mindrecord` exists then)."""
+    return str(path) if num_shards == 1 else f"{path}0..{num_shards - 1}"
 
 
 def check_document_batch(
@@ -120,24 +128,49 @@ def check_row_layout(batch: DocumentBatch, store_sequence_lengths: bool, name: s
 
 
 def row_structure(
-    row_token_counts: np.ndarray, row_sequence_lengths: np.ndarray | None, row_sequence_counts: np.ndarray | None
+    name: str,
+    row_token_counts: np.ndarray,
+    row_sequence_lengths: np.ndarray | None,
+    row_sequence_counts: np.ndarray | None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Sequence lengths and document indices of a row-per-document dataset.
+    """Sequence lengths and document indices of a row-per-document dataset, checked row by row.
 
     Args:
+        name: the dataset's path, for messages.
         row_token_counts: int64 [D], tokens in each row.
         row_sequence_lengths: int [S], the stored per-row lengths concatenated, or None when not stored.
         row_sequence_counts: int64 [D], stored lengths per row (None when not stored).
 
     Returns:
         (sequence_lengths int32 [S], document_indices int64 [D+1]).
+
+    Raises:
+        ShardFormatError: a stored length is negative or too large for int32, or a row's stored lengths
+            do not add up to its tokens (names the first such row).
     """
     if row_sequence_lengths is None:
         row_sequence_counts = (row_token_counts > 0).astype(np.int64)
         row_sequence_lengths = row_token_counts[row_token_counts > 0]
+    row_sequence_lengths = np.asarray(row_sequence_lengths, dtype=np.int64)
     document_indices = np.zeros(len(row_token_counts) + 1, dtype=np.int64)
     np.cumsum(row_sequence_counts, out=document_indices[1:])
-    return np.asarray(row_sequence_lengths, dtype=np.int32), document_indices
+    out_of_range = np.flatnonzero((row_sequence_lengths < 0) | (row_sequence_lengths > np.iinfo(np.int32).max))
+    if out_of_range.size:
+        row = int(np.searchsorted(document_indices, out_of_range[0], side="right")) - 1
+        raise ShardFormatError(
+            f"{name}: row {row} stores sequence length {row_sequence_lengths[out_of_range[0]]} (must be 0..2**31-1)"
+        )
+    sequence_offsets = np.zeros(len(row_sequence_lengths) + 1, dtype=np.int64)
+    np.cumsum(row_sequence_lengths, out=sequence_offsets[1:])
+    mismatch = np.flatnonzero(np.diff(sequence_offsets[document_indices]) != row_token_counts)
+    if mismatch.size:
+        row = int(mismatch[0])
+        raise ShardFormatError(
+            f"{name}: row {row}'s sequence lengths add up to "
+            f"{sequence_offsets[document_indices[row + 1]] - sequence_offsets[document_indices[row]]}, "
+            f"but it holds {row_token_counts[row]} tokens"
+        )
+    return row_sequence_lengths.astype(np.int32), document_indices
 
 
 class RowDocumentsReader(SequenceCounts, abc.ABC):
@@ -159,6 +192,32 @@ class RowDocumentsReader(SequenceCounts, abc.ABC):
     @abc.abstractmethod
     def read_rows(self, first: int, last: int) -> np.ndarray:
         """The tokens of rows `[first, last)`, concatenated."""
+
+    def _check_token_range(self, tokens: np.ndarray, first: int, last: int) -> None:
+        """Refuse stored ids outside `dtype` (rows store wider integers than the declared token dtype)."""
+        if not tokens.size or np.can_cast(tokens.dtype, self.dtype):
+            return
+        limits = np.iinfo(self.dtype)
+        low, high = tokens.min(), tokens.max()
+        if low >= limits.min and high <= limits.max:
+            return
+        bad = int(np.flatnonzero((tokens < limits.min) | (tokens > limits.max))[0])
+        offsets = self._sequence_offsets[self.document_indices[first : last + 1]]
+        document = first + int(np.searchsorted(offsets - offsets[0], bad, side="right")) - 1
+        raise ShardFormatError(
+            f"{self.path}: token id {tokens[bad]} in document {document} does not fit the dataset's dtype "
+            f"{self.dtype.name} (range {limits.min}..{limits.max})"
+        )
+
+    def validate(self, block_documents: int = VALIDATE_BLOCK_DOCUMENTS) -> None:
+        """The full check: decode every row once, in blocks of `block_documents` (bounded memory); the
+        readers check each row's framing and size, and every id against `dtype`.
+
+        Raises:
+            ShardFormatError: naming the file and the first problem found.
+        """
+        for first in range(0, self.num_documents, block_documents):
+            self.read_documents(first, min(first + block_documents, self.num_documents))
 
     @property
     def num_tokens(self) -> int:
@@ -194,8 +253,13 @@ class RowDocumentsReader(SequenceCounts, abc.ABC):
         return self.read_documents(index, index + 1).tokens
 
     def read_documents(self, first: int, last: int) -> DocumentBatch:
-        """Documents `[first, last)` in the writers' flat layout (tokens as `dtype`)."""
+        """Documents `[first, last)` in the writers' flat layout (tokens as `dtype`).
+
+        Raises:
+            ShardFormatError: a stored id does not fit `dtype` (never wrapped around silently).
+        """
         tokens = self.read_rows(first, last)
+        self._check_token_range(tokens, first, last)
         first_sequence, last_sequence = self.document_indices[first], self.document_indices[last]
         return DocumentBatch(
             tokens.astype(self.dtype, copy=False),

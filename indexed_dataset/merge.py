@@ -22,14 +22,14 @@ def datasets_in_directory(directory: str) -> dict[str, list[str]]:
     """The datasets in `directory` by format, each in lexicographic order of its name (Megatron's order
     for the `.bin/.idx` stems).
 
-    mmap: a `.bin/.idx` pair (its prefix); arrow: a `save_to_disk` folder; mindrecord: a one-file
-    MindRecord (`name.mindrecord` beside its `.db`). Hidden entries and other folders (a fanned-out
-    run's `_done` markers) are skipped; only formats present are keys.
+    mmap: a `.bin/.idx` pair (its prefix); arrow: a `save_to_disk` folder; mindrecord: a MindRecord
+    by its name, `name.mindrecord` (one file, or the shards `name.mindrecord0..N-1`, each beside its
+    `.db`; they read back in document order). Hidden entries and other folders (a fanned-out run's
+    `_done` markers) are skipped; only formats present are keys.
 
     Raises:
-        TokenmillError: the directory is missing or holds no dataset, a file of another kind, a stem
-            lacking one of its pair, or a multi-shard MindRecord (its shards do not read back in
-            document order).
+        TokenmillError: the directory is missing or holds no dataset, a file of another kind, or a stem
+            lacking one of its pair.
     """
     if not os.path.isdir(directory):
         raise TokenmillError(f"{directory}: not a directory")
@@ -46,11 +46,9 @@ def datasets_in_directory(directory: str) -> dict[str, list[str]]:
         stem, ext = os.path.splitext(name)
         if ext == MINDRECORD_INDEX_SUFFIX and is_mindrecord_name(stem):
             continue  # a MindRecord's index, read through its data file
-        if ext == MINDRECORD_SUFFIX:
-            found.setdefault("mindrecord", []).append(path)
-        elif is_mindrecord_name(name):
-            raise TokenmillError(f"{path}: a shard of a multi-shard MindRecord; its shards do not read back in "
-                                 f"document order, so write the parts as one file each to merge them")
+        if is_mindrecord_name(name):
+            dataset = os.path.join(directory, name[: name.rindex(MINDRECORD_SUFFIX) + len(MINDRECORD_SUFFIX)])
+            found.setdefault("mindrecord", []).append(dataset)
         elif ext in (DATA_SUFFIX, INDEX_SUFFIX):
             pair_suffixes.setdefault(stem, set()).add(ext)
         else:
@@ -59,6 +57,8 @@ def datasets_in_directory(directory: str) -> dict[str, list[str]]:
         missing = {DATA_SUFFIX, INDEX_SUFFIX} - suffixes
         if missing:
             raise TokenmillError(f"{os.path.join(directory, stem)}: missing its {missing.pop()} file")
+    if "mindrecord" in found:  # a multi-shard dataset was met once per shard
+        found["mindrecord"] = sorted(set(found["mindrecord"]))
     if pair_suffixes:
         found["mmap"] = [os.path.join(directory, stem) for stem in sorted(pair_suffixes)]
     if not found:
@@ -70,8 +70,8 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> None:
     """Concatenate datasets, in the given order, into `output_prefix.bin/.idx`.
 
     Raises:
-        TokenmillError: no inputs, an unreadable input, or inputs of different dtypes (checked on
-            every header before any byte is written).
+        TokenmillError: no inputs, an unreadable or damaged input, or inputs of different dtypes (every
+            input is opened, which checks its header, arrays and file sizes, before any byte is written).
     """
     if not prefixes:
         raise TokenmillError("nothing to merge: no input prefixes")

@@ -25,10 +25,19 @@ all shards. The `.db` holds `SHARD_NAME(NAME)` and one `INDEXES` row per record 
 page-relative offsets. The writer reproduces files of MindSpore 2.10's `FileWriter` byte for byte
 (apart from the file names), written as one `write_raw_data` call; unlike it, it keeps empty
 documents (MindSpore silently drops them; its readers accept them) unless told to reject them.
+
+Shards and document order: MindSpore cuts each `write_raw_data` call into `num_shards` consecutive
+parts (`BreakIntoShards`), so a file written in several calls holds call 1's part, call 2's part, ...
+in every shard, and no file records where the calls began: the document order is lost. Our writer
+therefore always writes as *one* call of the whole stream, however many `add_documents` calls feed it:
+with several shards the framed rows are spooled to a hidden temporary beside the output (extra disk:
+about the data's size, until `finalize`) and cut into the shards at the end. Shard 0, 1, ... read in
+turn then give the documents in order (to our reader, and to any reader that reads the shards in turn).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -44,6 +53,7 @@ from .formats import (
     DocumentBatch,
     check_document_batch,
     check_row_layout,
+    mindrecord_files_name,
 )
 from .protocol import TokenWriter
 
@@ -61,6 +71,8 @@ TOKENS_FIELD = "input_ids"
 LENGTHS_FIELD = "sequence_lengths"
 EMPTY_DOCUMENT_POLICIES = ("write", "reject")
 ENCODE_CHUNK_TOKENS = 2**20
+# Spooled rows are copied into the shards in pieces of about this many bytes (bounded memory).
+SPOOL_COPY_BYTES = 64 * 2**20
 U64_LE = struct.Struct("<Q")
 LENGTH_PREFIX_BYTES = 8  # every length prefix (row framing LE, field framing BE) is 8 bytes
 # Rows of an all-blob schema get this raw part: [u64 LE 5] + msgpack {"id": 0}.
@@ -226,11 +238,56 @@ class _ShardFile:
         os.replace(self.temp_db_path, self.final_path + MINDRECORD_INDEX_SUFFIX)
         os.replace(self.temp_path, self.final_path)
 
+    def unpublish(self) -> None:
+        """Remove the published data file and `.db` (when a later shard of the set failed)."""
+        for path in (self.final_path, self.final_path + MINDRECORD_INDEX_SUFFIX):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
     def discard(self) -> None:
-        self.file.close()
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            self.file.close()
         for path in (self.temp_path, self.temp_db_path):
             if os.path.exists(path):
                 os.remove(path)
+
+
+class _RowSpool:
+    """The framed rows of a multi-shard output, in document order, kept in a hidden temporary file
+    until the row count (and so each shard's first row) is known."""
+
+    def __init__(self, final_path: str) -> None:
+        directory, name = os.path.split(os.path.abspath(final_path))
+        self.path = os.path.join(directory, f".{name}.rows.tmp")
+        self.file = open(self.path, "wb")
+        self.frame_sizes: list[np.ndarray] = []
+
+    def add_rows(self, framed: np.ndarray, frame_sizes: np.ndarray) -> None:
+        """Append rows framed as `_ShardFile.add_rows` takes them."""
+        self.file.write(memoryview(framed))
+        self.frame_sizes.append(np.asarray(frame_sizes, dtype=np.int64))
+
+    def deal(self, shards: list[_ShardFile], ranges: list[tuple[int, int]]) -> None:
+        """Give every shard its rows `ranges[i]`, in pieces of about SPOOL_COPY_BYTES."""
+        self.file.close()
+        sizes = concat_int64(self.frame_sizes)
+        ends = np.cumsum(sizes)
+        with open(self.path, "rb") as f:
+            for shard, (first, last) in zip(shards, ranges):
+                while first < last:
+                    start = int(ends[first - 1]) if first else 0
+                    stop = int(np.searchsorted(ends, start + SPOOL_COPY_BYTES, side="right"))
+                    stop = min(max(stop, first + 1), last)
+                    f.seek(start)
+                    framed = np.frombuffer(f.read(int(ends[stop - 1]) - start), dtype=np.uint8)
+                    shard.add_rows(framed, sizes[first:stop])
+                    first = stop
+
+    def discard(self) -> None:
+        with contextlib.suppress(OSError):  # closing flushes, which fails again on a full disk
+            self.file.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self.path)
 
 
 def _page(shard_id: int, page_id: int, kind: str, type_id: int, size: int, groups, start: int, end: int) -> dict:
@@ -241,15 +298,26 @@ def _page(shard_id: int, page_id: int, kind: str, type_id: int, size: int, group
     }
 
 
+def _shard_ranges(num_rows: int, num_shards: int) -> list[tuple[int, int]]:
+    """Consecutive row ranges `[first, last)` of each shard: MindSpore's `BreakIntoShards` for one call,
+    with the `num_rows % num_shards` extra rows given to the first shards (MindSpore: random ones)."""
+    shares = np.full(num_shards, num_rows // num_shards)
+    shares[: num_rows % num_shards] += 1
+    ends = np.cumsum(shares)
+    return list(zip((ends - shares).tolist(), ends.tolist()))
+
+
 class MindRecordWriter(TokenWriter):
     """Streams documents into MindRecord shards, one row per document (`input_ids` int32 or int64).
 
     Args:
         path: data file name (`x.mindrecord`); with several shards the files are `path0` ...
         dtype: token dtype; ids are range-checked against it. 64-bit dtypes store `int64` arrays.
-        num_shards: data files (1..1000). As MindSpore's `write_raw_data` does, each `add_documents`
-            call is cut into `num_shards` consecutive, near-equal parts (extra rows go to the shards
-            holding fewest); readers go through the shards in order.
+        num_shards: data files (1..1000). The whole stream of rows is cut into `num_shards`
+            consecutive, near-equal parts, as MindSpore's `write_raw_data` cuts one call (the first
+            `rows % num_shards` shards hold one row more; MindSpore picks them at random), so the
+            shards read in order give the documents in order. With more than one shard the rows are
+            spooled to a temporary file first (see the module docstring).
         header_size, page_size: bytes (MindSpore's defaults 16 MiB and 32 MiB).
         empty_documents: "write" (a row with an empty array) or "reject" (raise, with the count).
         store_sequence_lengths: add a `sequence_lengths` array field (several sequences per document).
@@ -291,9 +359,12 @@ class MindRecordWriter(TokenWriter):
         self.num_documents = 0
         self.compression_size = 0
         self._shards: list[_ShardFile] = []
+        self._spool: _RowSpool | None = None
         try:
             for p in paths:
                 self._shards.append(_ShardFile(p, header_size, page_size))
+            if num_shards > 1:
+                self._spool = _RowSpool(self.path)
         except BaseException:
             self.abort()
             raise
@@ -325,13 +396,15 @@ class MindRecordWriter(TokenWriter):
                 f"{self.path}: {len(empty)} empty documents in this batch (first: document "
                 f"{self.num_documents + int(empty[0])}); MindSpore's FileWriter would drop them silently"
             )
-        for shard, (first, last) in zip(self._shards, self._split(batch.num_documents)):
-            # Encode in pieces of about ENCODE_CHUNK_TOKENS: the temporaries stay in cache.
-            while first < last:
-                chunk_end = document_offsets[first] + ENCODE_CHUNK_TOKENS
-                stop = min(max(int(np.searchsorted(document_offsets, chunk_end, "right")) - 1, first + 1), last)
-                shard.add_rows(*self._encode(batch.documents(first, stop)))
-                first = stop
+        # One shard is written straight away; several get the rows at the end (see _finish).
+        destination = self._spool if self._spool is not None else self._shards[0]
+        first, last = 0, batch.num_documents
+        # Encode in pieces of about ENCODE_CHUNK_TOKENS: the temporaries stay in cache.
+        while first < last:
+            chunk_end = document_offsets[first] + ENCODE_CHUNK_TOKENS
+            stop = min(max(int(np.searchsorted(document_offsets, chunk_end, "right")) - 1, first + 1), last)
+            destination.add_rows(*self._encode(batch.documents(first, stop)))
+            first = stop
         self.num_documents += batch.num_documents
 
     def _encode(self, batch: DocumentBatch) -> tuple[np.ndarray, np.ndarray]:
@@ -367,14 +440,6 @@ class MindRecordWriter(TokenWriter):
         compress_int_into(lengths, counts, framed, length_starts + LENGTH_PREFIX_BYTES, length_sizes)
         return framed, frame_sizes
 
-    def _split(self, num_rows: int) -> list[tuple[int, int]]:
-        """Consecutive row ranges of this batch for each shard."""
-        shares = np.full(len(self._shards), num_rows // len(self._shards))
-        held = np.array([s.num_rows for s in self._shards])
-        shares[np.argsort(held, kind="stable")[: num_rows % len(self._shards)]] += 1
-        ends = np.cumsum(shares)
-        return list(zip((ends - shares).tolist(), ends.tolist()))
-
     def _finish(self) -> None:
         """Write every shard's raw pages, header and `.db`, then move them into place."""
         schema = {TOKENS_FIELD: {"shape": [-1], "type": self.array_type}}
@@ -385,15 +450,29 @@ class MindRecordWriter(TokenWriter):
             "schema": [{"blob_fields": self.blob_fields, "desc": SCHEMA_DESC, "schema": schema}],
             "shard_addresses": [os.path.basename(s.final_path) for s in self._shards],
         }
+        if self._spool is not None:
+            self._spool.deal(self._shards, _shard_ranges(self.num_documents, len(self._shards)))
         for shard_id, shard in enumerate(self._shards):
             shard.finish(shared, shard_id)
-        for shard in self._shards:
-            shard.publish()
+        published = []
+        try:
+            for shard in self._shards:
+                shard.publish()
+                published.append(shard)
+        except BaseException:  # also an interruption: never leave some shards of a set
+            for shard in published:
+                shard.unpublish()
+            raise
+        if self._spool is not None:
+            self._spool.discard()
         logger.info(
             "%s: %d documents in %d MindRecord shard(s), compression saved %d bytes",
-            self.path, self.num_documents, len(self._shards), self.compression_size,
+            mindrecord_files_name(self.path, len(self._shards)), self.num_documents, len(self._shards),
+            self.compression_size,
         )
 
     def _discard(self) -> None:
         for shard in self._shards:
             shard.discard()
+        if self._spool is not None:
+            self._spool.discard()

@@ -5,8 +5,10 @@
     ds.get(5, offset=10, length=20)
     ds.validate()              # the full consistency check
 
-Opening reads the 34-byte header, checks it and the two file sizes in O(1), and maps both files;
-nothing is copied. `validate()` walks every array once.
+Opening reads the 34-byte header, checks it and the two file sizes, maps both files (nothing is
+copied) and checks every array against the others (`check_index_arrays`, vectorised: a few ms for a
+100 MB corpus), so a damaged index is refused before anything is computed from it. `validate()`
+runs the same check again.
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from .format import (
 )
 from .protocol import DocumentBatch, SequenceCounts
 
+# Sequences (and document indices) checked per vectorised step: about 50 MB of temporaries at most.
+CHECK_BLOCK = 2**22
+
 
 def _map_file(path: str) -> Union[mmap.mmap, bytes]:
     """A read-only map of the whole file (an empty bytes object for an empty file: mmap refuses those)."""
@@ -44,6 +49,66 @@ def _map_file(path: str) -> Union[mmap.mmap, bytes]:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+def check_index_arrays(
+    idx_path: str,
+    sequence_lengths: np.ndarray,
+    pointers: np.ndarray,
+    document_indices: np.ndarray,
+    itemsize: int,
+) -> None:
+    """Check that the three `.idx` arrays describe one another, in vectorised blocks (bounded memory).
+
+    Lengths must be >= 0, each pointer must be the byte sum of the lengths before it, and the document
+    indices must run from 0 to S without going backwards. About 1 ms per million sequences.
+
+    Args:
+        idx_path: the `.idx` file, for messages.
+        sequence_lengths: int32 [S], tokens per sequence.
+        pointers: int64 [S], byte offset of each sequence in `.bin`.
+        document_indices: int64 [D+1].
+        itemsize: bytes per token.
+
+    Raises:
+        IndexFormatError: naming the file, the first bad entry and its byte offset in the file.
+    """
+    num_sequences = len(sequence_lengths)
+    pointers_offset = INDEX_HEADER_SIZE + num_sequences * SEQUENCE_LENGTH_DTYPE.itemsize
+    documents_offset = pointers_offset + num_sequences * SEQUENCE_POINTER_DTYPE.itemsize
+    running_bytes = 0
+    for start in range(0, num_sequences, CHECK_BLOCK):
+        lengths = sequence_lengths[start : start + CHECK_BLOCK].astype(np.int64)
+        negative = np.flatnonzero(lengths < 0)
+        if negative.size:
+            i = start + int(negative[0])
+            raise IndexFormatError(
+                f"{idx_path}: sequence {i} has negative length {sequence_lengths[i]} "
+                f"(offset {INDEX_HEADER_SIZE + i * SEQUENCE_LENGTH_DTYPE.itemsize})"
+            )
+        expected = running_bytes + sequence_pointers(lengths, itemsize)
+        wrong = np.flatnonzero(expected != pointers[start : start + CHECK_BLOCK])
+        if wrong.size:
+            i = start + int(wrong[0])
+            raise IndexFormatError(
+                f"{idx_path}: sequence {i} points to byte {pointers[i]} (offset "
+                f"{pointers_offset + i * SEQUENCE_POINTER_DTYPE.itemsize}), but the lengths before it put it at "
+                f"{expected[i - start]}"
+            )
+        running_bytes = int(expected[-1]) + int(lengths[-1]) * itemsize
+    if document_indices[0] != 0 or document_indices[-1] != num_sequences:
+        raise IndexFormatError(
+            f"{idx_path}: document indices run from {document_indices[0]} to {document_indices[-1]}, "
+            f"expected 0 to the sequence count {num_sequences}"
+        )
+    for start in range(0, len(document_indices) - 1, CHECK_BLOCK):
+        backwards = np.flatnonzero(np.diff(document_indices[start : start + CHECK_BLOCK + 1]) < 0)
+        if backwards.size:
+            d = start + int(backwards[0]) + 1
+            raise IndexFormatError(
+                f"{idx_path}: document index {d} ({document_indices[d]}, offset "
+                f"{documents_offset + d * DOCUMENT_INDEX_DTYPE.itemsize}) is below the one before it"
+            )
+
+
 class IndexedDataset(SequenceCounts):
     """A read-only, memory-mapped view of one `.bin/.idx` pair.
 
@@ -51,7 +116,8 @@ class IndexedDataset(SequenceCounts):
         path: the dataset prefix (`data/x_text_document`), or its `.bin` or `.idx` path.
 
     Raises:
-        IndexFormatError: a file is missing, or the header or a file size is wrong.
+        IndexFormatError: a file is missing, or the header, a file size or an array is wrong (names the
+            file, and the offset where known).
     """
 
     def __init__(self, path: str) -> None:
@@ -101,20 +167,13 @@ class IndexedDataset(SequenceCounts):
         self.document_indices = np.frombuffer(
             self._idx_map, DOCUMENT_INDEX_DTYPE, num_document_indices, offset
         )
-        if self.document_indices[0] != 0 or self.document_indices[-1] != num_sequences:
-            raise IndexFormatError(
-                f"{self.idx_path}: document indices run from {self.document_indices[0]} to "
-                f"{self.document_indices[-1]}, expected 0 to the sequence count {num_sequences}"
-            )
-
+        # Every array is checked before anything is computed from it: a damaged index must be one
+        # clear error here, never an IndexError (or a wrong statistic) later.
+        check_index_arrays(
+            self.idx_path, self.sequence_lengths, self.sequence_pointers, self.document_indices, self.dtype.itemsize
+        )
         bin_size = os.path.getsize(self.bin_path)
-        if num_sequences:
-            last_length = int(self.sequence_lengths[-1])
-            expected_bin = int(self.sequence_pointers[-1]) + last_length * self.dtype.itemsize
-            if last_length < 0 or expected_bin < 0:
-                raise IndexFormatError(f"{self.idx_path}: negative length or pointer for the last sequence")
-        else:
-            expected_bin = 0
+        expected_bin = self._expected_bin_size()
         if bin_size != expected_bin:
             raise IndexFormatError(
                 f"{self.bin_path}: {bin_size} bytes, but the index says {expected_bin}"
@@ -179,35 +238,26 @@ class IndexedDataset(SequenceCounts):
             self.tokens[start : start + int(lengths.sum())], lengths, np.diff(self.document_indices[first : last + 1])
         )
 
+    def _expected_bin_size(self) -> int:
+        """Bytes `.bin` must hold: the last sequence's pointer plus its length (arrays already checked)."""
+        if not self.num_sequences:
+            return 0
+        return int(self.sequence_pointers[-1]) + int(self.sequence_lengths[-1]) * self.dtype.itemsize
+
     def validate(self) -> None:
-        """The full consistency check of every array.
+        """The full consistency check of every array and of the `.bin` size (opening runs it too; this
+        re-checks files that may have changed since).
 
         Raises:
             IndexFormatError: naming the file and the first problem found.
         """
-        lengths = self.sequence_lengths
-        negative = np.flatnonzero(lengths < 0)
-        if negative.size:
-            raise IndexFormatError(f"{self.idx_path}: sequence {negative[0]} has negative length {lengths[negative[0]]}")
-        expected = sequence_pointers(lengths, self.dtype.itemsize)
-        wrong = np.flatnonzero(expected != self.sequence_pointers)
-        if wrong.size:
-            i = wrong[0]
-            raise IndexFormatError(
-                f"{self.idx_path}: sequence {i} points to byte {self.sequence_pointers[i]}, "
-                f"but the lengths before it put it at {expected[i]}"
-            )
-        steps = np.diff(self.document_indices)
-        backwards = np.flatnonzero(steps < 0)
-        if backwards.size:
-            d = backwards[0] + 1
-            raise IndexFormatError(
-                f"{self.idx_path}: document index {d} ({self.document_indices[d]}) is below the one before it"
-            )
-        total_bytes = int(lengths.sum(dtype=np.int64)) * self.dtype.itemsize
+        check_index_arrays(
+            self.idx_path, self.sequence_lengths, self.sequence_pointers, self.document_indices, self.dtype.itemsize
+        )
         bin_size = os.path.getsize(self.bin_path)
-        if bin_size != total_bytes:
-            raise IndexFormatError(f"{self.bin_path}: {bin_size} bytes, but the lengths add up to {total_bytes}")
+        if bin_size != self._expected_bin_size():
+            raise IndexFormatError(f"{self.bin_path}: {bin_size} bytes, but the lengths add up to "
+                                   f"{self._expected_bin_size()}")
 
     def __getstate__(self) -> dict:
         # Maps cannot be pickled; a copy sent to a DataLoader worker (spawn) reopens the files by name.

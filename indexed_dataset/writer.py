@@ -12,6 +12,7 @@ removing any old `.idx`), so an interrupted run never leaves a pair that looks c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -29,6 +30,7 @@ from .format import (
     pack_index_header,
     sequence_pointers,
 )
+from .permissions import give_default_permissions
 from .protocol import TokenWriter
 from .reader import IndexedDataset
 
@@ -70,10 +72,7 @@ def _temporary_path(final_path: str) -> str:
     directory, name = os.path.split(os.path.abspath(final_path))
     handle, path = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=directory)
     os.close(handle)
-    # mkstemp creates 0600; the finished files should honour the umask like Megatron's (usually 0644).
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)
+    give_default_permissions(path)  # mkstemp creates 0600
     return path
 
 
@@ -201,7 +200,9 @@ class IndexedDatasetWriter(TokenWriter):
         os.replace(self._idx_tmp, index_file_path(self.prefix))
 
     def _discard(self) -> None:
-        self._bin.close()
+        # Closing flushes the buffer, which fails again on a full disk: the temporaries go regardless.
+        with contextlib.suppress(OSError):
+            self._bin.close()
         for temporary in (self._bin_tmp, self._idx_tmp):
             if temporary and os.path.exists(temporary):
                 os.remove(temporary)

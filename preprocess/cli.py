@@ -14,6 +14,7 @@ import argparse
 import logging
 
 from indexed_dataset.arrow import DEFAULT_SHARD_SIZE
+from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.formats import FORMATS
 
 from .cli_common import run_command, setup_logging
@@ -29,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser = CommandParser(prog=PROG, description=__doc__.splitlines()[0])
     data = parser.add_argument_group("input and output")
     source = data.add_mutually_exclusive_group(required=True)
     source.add_argument("--input", nargs="+",
@@ -69,16 +70,20 @@ def build_parser() -> argparse.ArgumentParser:
     fanout.add_argument("--world-size", type=int,
                         help="processes sharing the input files (default: $WORLD_SIZE, else srun's "
                              "$SLURM_STEP_NUM_TASKS, else 1)")
-    fanout.add_argument("--overwrite", action="store_true", help="redo parts already marked done")
+    fanout.add_argument("--overwrite", action="store_true",
+                        help="redo a run (or fanned-out part) already marked done in PREFIX_done/")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--workers", type=int, default=1,
-                         help="1: tokenize in this process on all cores (default); N: N worker processes")
+                         help="1 tokenizes in this process on all cores; N > 1 uses N worker processes")
     runtime.add_argument("--partitions", type=int, default=1,
                          help="write as N contiguous partial datasets, merged at the end (same output)")
     runtime.add_argument("--keep-sequential-samples", action="store_true",
                          help="accepted for Megatron compatibility: documents always keep input order")
-    runtime.add_argument("--log-interval", type=int, default=1000, help="log progress every N documents")
-    runtime.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES, help="input bytes per task")
+    runtime.add_argument("--log-interval", type=int, default=1000, metavar="N",
+                         help="without a terminal, log a progress line each time N more documents are done "
+                              "(counted per finished chunk of --chunk-bytes; a terminal shows a bar instead)")
+    runtime.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES, metavar="BYTES",
+                         help="bytes of input per tokenizing task")
     return parser
 
 

@@ -70,6 +70,8 @@ class RecordBatchChunk:
 
 def _text_column(chunk: RecordBatchChunk, name: str, column: pa.Array) -> tuple[TextColumn, np.ndarray]:
     """The key's texts and a bool [R] mask of the rows that are invalid (nulls)."""
+    if pa.types.is_dictionary(column.type):  # dictionary-encoded strings (pandas categoricals, parquet)
+        column = column.dictionary_decode()
     kind = column.type
     if pa.types.is_string(kind) or pa.types.is_large_string(kind):
         invalid = column.is_null().to_numpy(zero_copy_only=False)

@@ -78,7 +78,7 @@ class PreprocessConfig:
     world_size: int = 1
     """Processes sharing the input files; > 1 writes `_part{rank}-of-{world_size}` outputs."""
     overwrite: bool = False
-    """With world_size > 1: redo a part even when it is marked done."""
+    """Redo the run (or, with world_size > 1, the part) even when it is marked done."""
 
     def __post_init__(self) -> None:
         if isinstance(self.input, str):

@@ -16,10 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from indexed_dataset import TokenmillError
+from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_support import EXIT_ERROR, run_command
 from indexed_dataset.convert import DEFAULT_BATCH_DOCUMENTS, convert
 from indexed_dataset.formats import FORMATS
 
+PROG = "convert"
 DTYPES = ("uint8", "int8", "int16", "uint16", "int32", "int64")
 EMPTY_DOCUMENT_POLICIES = ("write", "reject")
 
@@ -37,7 +39,7 @@ class ConvertConfig:
     output: str
     """Output: mmap prefix, Arrow directory, MindRecord file name."""
     dtype: str | None = None
-    """Token dtype of the output; None keeps the input's."""
+    """Token dtype of the output; None: Megatron's rule on the ids for mmap, the input's otherwise."""
     batch_documents: int = DEFAULT_BATCH_DOCUMENTS
     """Documents per read/write batch."""
     arrow_shard_size: int | None = None
@@ -82,25 +84,42 @@ class ConvertConfig:
         return {option: getattr(self, field) for field, option in names.items() if getattr(self, field) is not None}
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = CommandParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("--from", dest="source_format", required=True, choices=FORMATS, help="format of INPUT")
+    parser.add_argument("--to", dest="target_format", required=True, choices=FORMATS, help="format of OUTPUT")
+    parser.add_argument("input", metavar="INPUT",
+                        help="dataset to read: mmap prefix, Arrow folder or .arrow file, .mindrecord file "
+                             "(x.mindrecord also names the shards x.mindrecord0..N-1)")
+    parser.add_argument("output", metavar="OUTPUT",
+                        help="dataset to write: mmap prefix, Arrow folder, .mindrecord file name")
+    parser.add_argument("--dtype", choices=DTYPES, help="output token dtype (default: for mmap Megatron's rule on the data, "
+                        "uint16 if the largest id + 1 < 65500 else int32; otherwise the input's)")
+    parser.add_argument("--batch-documents", type=int, default=DEFAULT_BATCH_DOCUMENTS, metavar="N",
+                        help="documents read and written per batch (memory grows with it)")
+    parser.add_argument("--arrow-shard-size", type=int, metavar="BYTES",
+                        help="--to arrow: bytes per data-*.arrow shard (default 500 MB)")
+    parser.add_argument("--mindrecord-shards", type=int, metavar="N",
+                        help="--to mindrecord: data files (default 1)")
+    parser.add_argument("--mindrecord-header-size", type=int, metavar="BYTES",
+                        help="--to mindrecord: header bytes (default 16 MiB)")
+    parser.add_argument("--mindrecord-page-size", type=int, metavar="BYTES",
+                        help="--to mindrecord: page bytes (default 32 MiB)")
+    parser.add_argument("--empty-documents", choices=EMPTY_DOCUMENT_POLICIES,
+                        help="--to mindrecord: write documents without tokens as empty rows, or fail (default write)")
+    return parser
+
+
 def parse_args(argv: list[str] | None) -> ConvertConfig:
-    parser = argparse.ArgumentParser(prog="convert", description=__doc__.split("\n")[0])
-    parser.add_argument("--from", dest="source_format", required=True, choices=FORMATS)
-    parser.add_argument("--to", dest="target_format", required=True, choices=FORMATS)
-    parser.add_argument("input")
-    parser.add_argument("output")
-    parser.add_argument("--dtype", choices=DTYPES, help="output token dtype (default: the input's)")
-    parser.add_argument("--batch-documents", type=int, default=DEFAULT_BATCH_DOCUMENTS)
-    parser.add_argument("--arrow-shard-size", type=int, help="bytes per Arrow shard (default 500 MB)")
-    parser.add_argument("--mindrecord-shards", type=int, help="MindRecord data files (default 1)")
-    parser.add_argument("--mindrecord-header-size", type=int, help="bytes (default 16 MiB)")
-    parser.add_argument("--mindrecord-page-size", type=int, help="bytes (default 32 MiB)")
-    parser.add_argument("--empty-documents", choices=EMPTY_DOCUMENT_POLICIES, help="MindRecord (default write)")
-    return ConvertConfig(**vars(parser.parse_args(argv)))
+    return ConvertConfig(**vars(build_parser().parse_args(argv)))
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run convert with `argv` (default: sys.argv[1:]); returns the exit code (1 for a bad input or
+    option value, 130 / 143 when interrupted, each with one line on stderr)."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    try:
+
+    def command() -> int:
         config = parse_args(argv)
         convert(
             config.input,
@@ -111,10 +130,9 @@ def main(argv: list[str] | None = None) -> int:
             batch_documents=config.batch_documents,
             **config.writer_options(),
         )
-    except (TokenmillError, ValueError, OSError) as error:
-        print(f"convert: error: {error}", file=sys.stderr)
-        return 1
-    return 0
+        return 0
+
+    return run_command(PROG, command, value_error_exit=EXIT_ERROR)
 
 
 if __name__ == "__main__":

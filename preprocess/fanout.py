@@ -1,18 +1,23 @@
-"""Fanning one preprocessing job out over N processes (machines), resumably.
+"""Marking runs done, and fanning one preprocessing job out over N processes (machines), resumably.
+
+Every run is marked done by `{prefix}_done/{name}.done` (`name` is the last component of the run's
+prefix), removed just before its outputs are published and written after every one of them is in
+place (see `outputs.py`): a set of outputs is complete exactly when its marker exists. The marker
+holds a fingerprint of what the outputs depend on (the settings that change the output bytes, the
+tokenizer, and the input files with their sizes and modification times), so rerunning the same
+command skips a finished run and redoes an unfinished one, after removing the leftovers of a killed
+process (its hidden staging directory and temporaries). Markers live in a folder so that
+`merge-datasets --input DIR` (ours and Megatron's, which skip folders) see only the datasets.
 
 Rank R of N takes the R-th contiguous block of the sorted input files and writes
-`{prefix}_part{R}-of-{N}_{key}_{level}` outputs (R zero-padded to the width of N). Merging the parts
-in rank order (`merge-datasets --input DIR`, whose lexicographic order is the rank order) gives the
-bytes a single process writes over all the files: documents keep the sorted file order.
-
-A part is marked done by `{prefix}_done/{name}_part{R}-of-{N}.done` (`name` is the prefix's last
-component), written after every output of the part is in place. Markers live in a folder so that
-`merge-datasets --input DIR` (ours and Megatron's, which skip folders) see only `.bin/.idx` files.
-A marker holds a fingerprint of what the part depends on (the settings that change the output
-bytes, the tokenizer, and the part's input files with their sizes and modification times), so
-rerunning the same command skips finished parts and redoes the others: an unfinished part's leftovers
-(outputs without a marker, temporaries of a killed process) are removed first. A marker whose
-fingerprint differs is an error unless `overwrite` is set: the part was made by another command.
+`{prefix}_part{R}-of-{N}_{key}_{level}` outputs (R zero-padded to the width of N), marked done by
+`{prefix}_done/{name}_part{R}-of-{N}.done`. Merging the parts in rank order (`merge-datasets --input
+DIR`, whose lexicographic order is the rank order) gives the bytes a single process writes over all
+the files: documents keep the sorted file order. An unfinished part's outputs are removed before it is
+redone, and a part marker whose fingerprint differs is an error unless `overwrite` is set: the part
+was made by another command, and mixing parts of two commands would be silently wrong. A
+single-process run made by another command is simply redone (as Megatron overwrites its outputs),
+and its previous outputs stay in place until the new ones replace them.
 """
 
 from __future__ import annotations
@@ -23,12 +28,13 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 from collections.abc import Mapping, Sequence
 
 from indexed_dataset import TokenmillError
 
 from .config import PreprocessConfig
-from .outputs import remove_output
+from .outputs import output_files, remove_output, staging_glob
 
 logger = logging.getLogger(__name__)
 
@@ -77,10 +83,11 @@ def part_fingerprint(config: PreprocessConfig, paths: Sequence[str]) -> str:
 
 
 def part_is_done(config: PreprocessConfig, fingerprint: str) -> bool:
-    """Whether this part is marked done by the same command.
+    """Whether this run (or part) is marked done by the same command and its outputs are all there.
 
     Raises:
-        TokenmillError: the marker was written by a different command (and `overwrite` is off).
+        TokenmillError: fanned out, the part's marker was written by a different command (and
+            `overwrite` is off).
     """
     marker = done_marker_path(config)
     if config.overwrite or not os.path.exists(marker):
@@ -88,23 +95,43 @@ def part_is_done(config: PreprocessConfig, fingerprint: str) -> bool:
     with open(marker, encoding="utf-8") as f:
         recorded = f.read().strip()
     if recorded != fingerprint:
+        if config.world_size == 1:
+            logger.info("%s: the outputs were made with other settings or inputs; redoing them", marker)
+            return False
         raise TokenmillError(f"{marker}: this part was made with other settings or inputs; rerun with "
                              "--overwrite to redo it")
+    missing = [path for key in config.json_keys for fmt, output in config.output_paths_of(key).items()
+               for path in output_files(fmt, output, config.mindrecord_shards) if not os.path.exists(path)]
+    if missing:
+        logger.info("%s: marked done but %s is missing; redoing", marker, missing[0])
+        return False
     return True
 
 
-def clear_part(config: PreprocessConfig) -> None:
-    """Remove this part's marker, outputs and temporaries left by a killed run."""
+def remove_marker(config: PreprocessConfig) -> None:
+    """Remove the run's done marker (its outputs are about to change)."""
     marker = done_marker_path(config)
     if os.path.exists(marker):
         os.remove(marker)
+
+
+def clear_part(config: PreprocessConfig) -> None:
+    """Remove what killed runs of this prefix left: staging directories and temporaries; fanned out,
+    also the part's marker and outputs (a single process keeps its previous outputs, and their marker,
+    until new ones replace them)."""
+    for staging in glob.glob(staging_glob(config.part_prefix)):
+        shutil.rmtree(staging, ignore_errors=True)
+    if config.world_size > 1:
+        remove_marker(config)
     for key in config.json_keys:
-        for fmt, path in config.output_paths_of(key).items():
-            remove_output(fmt, path, config.mindrecord_shards)
+        if config.world_size > 1:
+            for fmt, path in config.output_paths_of(key).items():
+                remove_output(fmt, path, config.mindrecord_shards)
         stem = config.output_prefix_of(key)
         directory, name = os.path.split(os.path.abspath(stem))
         for temporary in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}*.tmp")):
-            os.remove(temporary)
+            if os.path.isfile(temporary):
+                os.remove(temporary)
 
 
 def mark_done(config: PreprocessConfig, fingerprint: str) -> None:

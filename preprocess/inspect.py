@@ -18,6 +18,7 @@ import numpy as np
 from indexed_dataset import TokenmillError, format_of, open_reader
 from indexed_dataset.format import INDEX_VERSION
 from indexed_dataset.formats import MINDRECORD_INDEX_SUFFIX
+from indexed_dataset.protocol import DocumentBatch
 from indexed_dataset.mindrecord_reader import read_header
 
 from .tokenizers import Tokenizer
@@ -113,7 +114,8 @@ def inspect_dataset(path: str) -> DatasetReport:
             MindRecord file.
 
     Raises:
-        TokenmillError: a file is missing or damaged (IndexFormatError, ShardFormatError).
+        TokenmillError: a file is missing or damaged (IndexFormatError, ShardFormatError): the readers
+            check the structure on open, before any statistic is computed from it.
     """
     fmt = format_of(path)
     dataset = open_reader(path, fmt)
@@ -141,24 +143,65 @@ def validate_dataset(path: str, tokenizer: Tokenizer | None = None) -> None:
         IndexFormatError: the files are damaged or inconsistent.
         TokenmillError: a token id is outside the tokenizer's vocabulary.
     """
-    fmt = format_of(path)
-    dataset = open_reader(path, fmt)
-    if fmt == "mmap":
-        dataset.validate()
-    # Row formats are checked by decoding every row: the readers verify each row's framing and size.
-    max_id = scan_tokens(dataset)
-    if tokenizer is not None and max_id >= tokenizer.vocab_size:
-        raise TokenmillError(f"{path}: token id {max_id} >= the tokenizer's vocab size {tokenizer.vocab_size}")
+    dataset = open_reader(path)
+    # mmap: every array and both file sizes; row formats: every row decoded (framing, sizes, id range).
+    dataset.validate()
+    if tokenizer is not None:
+        for first in range(0, dataset.num_documents, SCAN_DOCUMENTS):
+            last = min(first + SCAN_DOCUMENTS, dataset.num_documents)
+            check_vocabulary(path, dataset.read_documents(first, last), first, tokenizer.vocab_size)
+
+
+def check_vocabulary(path: str, batch: DocumentBatch, first_document: int, vocab_size: int) -> None:
+    """Refuse ids outside `[0, vocab_size)`: a tokenizer would decode them wrongly or panic (gigatoken).
+
+    Args:
+        path: the dataset, for messages.
+        batch: consecutive documents, the first being document `first_document`.
+        vocab_size: the tokenizer's vocabulary size.
+
+    Raises:
+        TokenmillError: naming the document and the id.
+    """
+    tokens = batch.tokens
+    if not tokens.size or (tokens.min() >= 0 and tokens.max() < vocab_size):
+        return
+    bad = int(np.flatnonzero((tokens < 0) | (tokens >= vocab_size))[0])
+    document = first_document + int(np.searchsorted(batch.document_token_offsets(), bad, side="right")) - 1
+    raise TokenmillError(f"{path}: token id {tokens[bad]} in document {document} is outside the tokenizer's "
+                         f"vocabulary [0, {vocab_size})")
 
 
 def decode_documents(path: str, tokenizer: Tokenizer, indices: list[int]) -> dict[int, str]:
-    """The text of each listed document.
+    """The text of each listed document (its ids checked against the vocabulary first).
 
     Raises:
-        TokenmillError: a document index is out of range.
+        TokenmillError: a document index is out of range, or a document holds an id outside the vocabulary.
     """
     dataset = open_reader(path)
     for index in indices:
         if not 0 <= index < dataset.num_documents:
             raise TokenmillError(f"{path}: document {index} out of range [0, {dataset.num_documents})")
-    return {index: tokenizer.decode(dataset.document(index)) for index in indices}
+    decoded = {}
+    for index in indices:
+        batch = dataset.read_documents(index, index + 1)
+        check_vocabulary(path, batch, index, tokenizer.vocab_size)
+        ends = np.cumsum(batch.sequence_lengths)
+        sentences = [tokenizer.decode(ids) for ids in np.split(batch.tokens, ends[:-1])] if len(ends) else [""]
+        decoded[index] = join_sentences(sentences)
+    return decoded
+
+
+def join_sentences(sentences: list[str]) -> str:
+    """A sentence-split document's text: its sentences with one space between two that meet without any.
+
+    Sentence splitting (Megatron's, and ours by default) drops the whitespace between sentences and each
+    sentence is tokenized on its own, so a byte-level BPE's ids hold no space there; SentencePiece and
+    WordPiece decoders add none either. A document of one sequence is its decoded text unchanged.
+    """
+    text = sentences[0] if sentences else ""
+    for sentence in sentences[1:]:
+        if text and sentence and not text[-1].isspace() and not sentence[0].isspace():
+            text += " "
+        text += sentence
+    return text

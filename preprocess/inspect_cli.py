@@ -18,6 +18,8 @@ import json
 import os
 from dataclasses import dataclass
 
+from indexed_dataset.cli_parser import CommandParser
+
 from .cli_common import run_command
 from .errors import TokenizerError
 from .inspect import DatasetReport, decode_documents, inspect_dataset, validate_dataset
@@ -43,8 +45,8 @@ PROG = "inspect-index"
 class InspectConfig:
     """One inspect-index call."""
 
-    path: str
-    """Dataset prefix, or its .bin/.idx path."""
+    path: str | None
+    """Dataset prefix, or its .bin/.idx path (None: only the training view of `data_path`)."""
     validate: bool = False
     """Run the full consistency check."""
     documents: tuple[int, ...] = ()
@@ -55,8 +57,14 @@ class InspectConfig:
     """Print JSON instead of text."""
     training: TrainingViewConfig | None = None
     """Also show what training with this sampling configuration sees."""
+    data_path: tuple[str, ...] = ()
+    """The training view's blend, as `train --data-path` ("A B" or "0.3 A 0.7 B"); default `path`."""
 
     def __post_init__(self) -> None:
+        if self.path is None and not (self.data_path and self.training is not None):
+            raise ValueError("give a dataset path, or --data-path with --seq-length (the training view of a blend)")
+        if self.path is None and (self.validate or self.documents):
+            raise ValueError("--validate, --show and --docs need a dataset path")
         if self.documents and self.tokenizer is None:
             raise ValueError("decoding documents needs the tokenizer flags (--tokenizer-type ...)")
 
@@ -69,14 +77,17 @@ def _parse_indices(text: str) -> list[int]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.splitlines()[0])
-    parser.add_argument("path", metavar="PREFIX_OR_IDX", help="dataset prefix, or its .bin/.idx path")
+    parser = CommandParser(prog=PROG, description=__doc__.splitlines()[0])
+    parser.add_argument("path", metavar="PREFIX_OR_IDX", nargs="?",
+                        help="dataset prefix, or its .bin/.idx path (optional with --data-path)")
     parser.add_argument("--validate", action="store_true", help="full consistency check; exit 1 on any problem")
     parser.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N documents")
     parser.add_argument("--docs", type=_parse_indices, default=[], metavar="I,J,...", help="decode these documents")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
     training = parser.add_argument_group("training view (what a GPT run sees; needs --seq-length)")
     training.add_argument("--seq-length", type=int, help="tokens per sample")
+    training.add_argument("--data-path", nargs="+", default=[], metavar="[WEIGHT] PATH",
+                          help="show the training view of this blend, as train --data-path (default: the dataset)")
     training.add_argument("--split", default=DEFAULT_SPLIT, help=f"split weights (default {DEFAULT_SPLIT})")
     training.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"shuffle seed (default {DEFAULT_SEED})")
     sizes = training.add_mutually_exclusive_group()
@@ -127,6 +138,8 @@ def _format(report: DatasetReport) -> str:
 
 def run_inspect(config: InspectConfig) -> int:
     """Print the report (and decoded documents); returns the exit code."""
+    if config.path is None:
+        return _run_blend_view(config)
     report = inspect_dataset(config.path)
     tokenizer = build_tokenizer(config.tokenizer) if config.tokenizer is not None else None
     if config.validate:
@@ -138,15 +151,14 @@ def run_inspect(config: InspectConfig) -> int:
             raise TokenizerError("--model t5 needs the tokenizer (its pad, EOS and sentinel ids)")
         view = t5_training_view(report.prefix, config.training, tokenizer, config.tokenizer.tokenizer_type)
     elif config.training is not None:
-        view = training_view(report.prefix, config.training, tokenizer)
+        view = training_view(config.data_path or report.prefix, config.training, tokenizer)
     if config.as_json:
         output = report.as_dict()
         if config.validate:
             output["valid"] = True
         output["decoded"] = {str(index): text for index, text in decoded.items()}
         if view is not None:
-            output["training"] = {"sequence_length": config.training.sequence_length, "split": config.training.split,
-                                  "seed": config.training.seed, "splits": view}
+            output["training"] = _training_json(config.training, view)
         print(json.dumps(output, indent=2, ensure_ascii=False))
     else:
         print(_format(report))
@@ -160,6 +172,24 @@ def run_inspect(config: InspectConfig) -> int:
     return 0
 
 
+def _training_json(training: TrainingViewConfig, view: list) -> dict:
+    return {"sequence_length": training.sequence_length, "split": training.split, "seed": training.seed,
+            "splits": view}
+
+
+def _run_blend_view(config: InspectConfig) -> int:
+    """Print only the training view of `config.data_path` (no dataset summary: a blend has several)."""
+    if config.training.model == "t5":
+        raise ValueError("--model t5 trains on one dataset: give its path, not --data-path")
+    tokenizer = build_tokenizer(config.tokenizer) if config.tokenizer is not None else None
+    view = training_view(config.data_path, config.training, tokenizer)
+    if config.as_json:
+        print(json.dumps({"training": _training_json(config.training, view)}, indent=2, ensure_ascii=False))
+    else:
+        print(format_training_view(view, config.training))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run inspect-index with `argv` (default: sys.argv[1:]); returns the exit code."""
     args = build_parser().parse_args(argv)
@@ -168,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         shown = list(range(args.show)) + [index for index in args.docs if index >= args.show]
         config = InspectConfig(path=args.path, validate=args.validate, documents=tuple(shown),
                                tokenizer=tokenizer_config_from_args(args), as_json=args.as_json,
-                               training=_training_config(args))
+                               training=_training_config(args), data_path=tuple(args.data_path))
         return run_inspect(config)
 
     return run_command(PROG, command)

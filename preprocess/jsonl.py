@@ -1,16 +1,25 @@
 """Parsing a chunk of JSON lines into text columns, strictly, with `file:line:` errors.
 
+What a valid line is does not depend on how the input is cut into chunks, nor on which parser reads
+it: every line must be valid UTF-8 (all of it, also the fields we do not read), one JSON object
+nested at most `MAX_JSON_DEPTH` levels deep, with a string or a list of strings under each key (and
+a number or string under each kept field). A line is refused (or, with skip_invalid, skipped) by that
+rule alone, with the same message whatever its neighbours.
+
 The fast path hands the whole chunk to Arrow's multi-threaded C++ JSON reader with a fixed schema
-(each key a string) and takes the columns zero-copy. Arrow is more lenient than Python's `json`
-(it skips blank lines, for one) and its errors do not name the line, so the fast path is only
-trusted when it yields exactly one row per line, no nulls and valid UTF-8; any doubt sends the chunk
-to the exact path: one `json.loads` per line, which also handles a list of strings under a key
-(already-split sentences) and names the first bad line, or skips bad lines when asked to.
+(each key a string) and takes the columns zero-copy. Arrow is more lenient than the rule (it skips
+blank lines, reads past invalid UTF-8 in fields it ignores, nests without limit) and its errors do
+not name the line, so the fast path is only taken for a chunk that is valid UTF-8, has no blank line
+and no line nested too deep, and only trusted when it yields exactly one row per line and no nulls;
+any doubt sends the chunk to the exact path: one `json.loads` per line, which also handles a list of
+strings under a key (already-split sentences) and names the first bad line, or skips bad lines when
+asked to.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -32,6 +41,64 @@ UTF8_BOM = b"\xef\xbb\xbf"
 _INT64_MIN, _INT64_MAX = int(np.iinfo(np.int64).min), int(np.iinfo(np.int64).max)
 # How many skipped line numbers a summary quotes.
 SKIPPED_LINES_QUOTED = 5
+# The deepest nesting of arrays and objects a line may have. Python's json recurses once per level and
+# fails near 990 levels (the interpreter's recursion limit of 1000); real documents nest a few levels.
+MAX_JSON_DEPTH = 512
+# A JSON string (escapes included, written so that a failed match cannot backtrack exponentially) or
+# a bracket: scanning these gives the nesting depth without counting brackets inside strings.
+_STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
+_NEWLINE = ord("\n")
+_JSON_WHITESPACE = np.frombuffer(b" \t\r\n", dtype=np.uint8)
+
+
+def json_depth(line: bytes) -> int:
+    """The deepest nesting of arrays and objects in one line of JSON (brackets inside strings do not count)."""
+    depth = deepest = 0
+    for match in _STRING_OR_BRACKET.finditer(line):
+        bracket = match.group()
+        if bracket in (b"[", b"{"):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif bracket in (b"]", b"}"):
+            depth -= 1
+    return deepest
+
+
+def is_too_deep(line: bytes) -> bool:
+    """Whether a line nests deeper than MAX_JSON_DEPTH (counting brackets first: a line with fewer
+    opening brackets than the limit cannot be too deep, and is not scanned)."""
+    return line.count(b"{") + line.count(b"[") > MAX_JSON_DEPTH and json_depth(line) > MAX_JSON_DEPTH
+
+
+def _is_valid_utf8(data: bytes) -> bool:
+    """Whether `data` is valid UTF-8, checked by Arrow in place (no decoded copy)."""
+    offsets = pa.py_buffer(np.array([0, len(data)], dtype=np.int64))
+    try:
+        pa.LargeStringArray.from_buffers(1, offsets, pa.py_buffer(data)).validate(full=True)
+    except pa.ArrowInvalid:
+        return False
+    return True
+
+
+def _fast_path_applies(data: bytes) -> bool:
+    """Whether Arrow's reader may take the chunk: nothing it would accept and the rule refuses is in it
+    (a blank line, invalid UTF-8, a line nested too deep). Vectorised: a few passes over the bytes."""
+    body = data[:-1] if data.endswith(b"\n") else data
+    if not body or not _is_valid_utf8(data):
+        return False
+    bytes_ = np.frombuffer(body, dtype=np.uint8)
+    line_starts = np.concatenate((np.zeros(1, np.int64), np.flatnonzero(bytes_ == _NEWLINE) + 1))
+    line_ends = np.append(line_starts[1:] - 1, len(body))
+    # A blank line is empty or starts with whitespace: only those few lines are looked at closely.
+    first = bytes_[np.minimum(line_starts, len(body) - 1)]
+    maybe_blank = (line_starts == line_ends) | np.isin(first, _JSON_WHITESPACE)
+    if any(not body[line_starts[i] : line_ends[i]].strip(b" \t\r") for i in np.flatnonzero(maybe_blank)):
+        return False
+    if data.count(b"{") + data.count(b"[") <= MAX_JSON_DEPTH:
+        return True
+    openers = np.flatnonzero((bytes_ == ord("{")) | (bytes_ == ord("[")))
+    per_line = np.bincount(np.searchsorted(line_starts, openers, side="right") - 1, minlength=len(line_starts))
+    return not any(is_too_deep(body[line_starts[i] : line_ends[i]]) for i in np.flatnonzero(per_line > MAX_JSON_DEPTH))
 
 
 @dataclass(frozen=True)
@@ -97,6 +164,8 @@ def _parse_fast(
 ) -> tuple[dict[str, pa.LargeStringArray], dict[str, pa.Array]] | None:
     """(text columns, kept fields) of a chunk whose every line is an object with a string under each
     key and a number or string under each field, else None."""
+    if not _fast_path_applies(data):
+        return None
     schema = pa.schema([(key, pa.large_string()) for key in keys])
     try:
         table = pa_json.read_json(
@@ -150,10 +219,13 @@ def _document_pieces(
         raise ValueError(f"invalid UTF-8 at byte {error.start}") from None
     if not text.strip():
         raise ValueError("empty line, expected a JSON object")
+    if is_too_deep(line):
+        raise ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         document = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(f"not valid JSON: {error.msg} at column {error.colno}") from None
+        # Some of json's messages end in "at" ("Unterminated string starting at"): no "at at".
+        raise ValueError(f"not valid JSON: {error.msg.removesuffix(' at')} at column {error.colno}") from None
     if not isinstance(document, dict):
         raise ValueError(f"expected a JSON object, got {_JSON_TYPE_NAMES.get(type(document), 'a value')}")
     pieces = []

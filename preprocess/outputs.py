@@ -1,57 +1,111 @@
 """The writers of one run: every JSON key times every output format, fed the same encoded batches.
 
 Tokenizing happens once; each chunk's documents go to the mmap writer (`IndexedDatasetWriter`), the
-Arrow writer and the MindRecord writer of its key (`indexed_dataset.formats.open_writer`). The row
-writers are opened before the first chunk, so an existing output or a bad option fails the run
-before any work. All writers succeed or fail together: an error anywhere aborts every writer and
-removes the outputs this run already finished, so no half set of outputs is left.
+Arrow writer and the MindRecord writer of its key (`indexed_dataset.formats.open_writer`).
 
-With `partitions > 1` the mmap outputs are written as contiguous partial datasets in a scratch
-directory and merged at the end (same bytes); the row formats are written in one stream.
+Every writer writes into one hidden staging directory beside the outputs
+(`.{name}.staging-XXXX.tmp/`, `name` the last component of the run's prefix), so while a run is
+going nothing under an output name changes: the previous outputs stay usable. `finalize` finishes
+every writer inside it; `publish` then moves each output to its final name, replacing the previous
+one. The run's done marker (see `fanout.py`) is removed before `publish` and written after it, so a
+set of outputs is complete exactly when its marker exists, and a run killed in between is redone by
+the next run of the same command. An error or interruption anywhere aborts every writer and removes
+the staging directory and whatever this run already published: no half set of outputs is left, and
+no hidden temporary either (a full disk is not left full by our own files).
+
+With `partitions > 1` the mmap outputs are written as contiguous partial datasets inside the staging
+directory and merged there at the end (same bytes); the row formats are written in one stream.
 """
 
 from __future__ import annotations
 
+import contextlib
+import glob
+import logging
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from indexed_dataset import IndexedDatasetWriter, data_file_path, index_file_path, merge_datasets
-from indexed_dataset.formats import MINDRECORD_INDEX_SUFFIX, open_writer
+from indexed_dataset import IndexedDatasetWriter, TokenmillError, data_file_path, index_file_path, merge_datasets
+from indexed_dataset.formats import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name, open_writer
+from indexed_dataset.mindrecord import shard_paths
 
 from .config import PreprocessConfig
 from .documents import EncodedChunk
 from .errors import InputError
 
+logger = logging.getLogger(__name__)
+
+STAGING_INFIX = ".staging-"
+STAGING_SUFFIX = ".tmp"
+# What our Arrow writer puts in a dataset folder (finished files and its own temporaries). A folder
+# holding anything else is not ours to replace.
+_ARROW_FILE_NAMES = re.compile(r"data-\d{5}-of-\d{5}\.arrow|state\.json|dataset_info\.json|\..*\.tmp|.*\.json\.tmp")
+
+
+def staging_glob(part_prefix: str) -> str:
+    """The glob pattern (escaped) matching the staging directories of runs with this prefix."""
+    directory, name = os.path.split(os.path.abspath(part_prefix))
+    return os.path.join(glob.escape(directory), f".{glob.escape(name)}{STAGING_INFIX}*{STAGING_SUFFIX}")
+
+
+def output_files(fmt: str, path: str, mindrecord_shards: int = 1) -> list[str]:
+    """The files (or, for Arrow, the folder) an output of format `fmt` at `path` consists of, in the
+    order they are published (the file that makes a reader take the output as complete comes last)."""
+    if fmt == "arrow":
+        return [path]
+    if fmt == "mmap":
+        return [data_file_path(path), index_file_path(path)]
+    return [p + suffix for p in shard_paths(path, mindrecord_shards) for suffix in (MINDRECORD_INDEX_SUFFIX, "")]
+
+
+def written_names(config: PreprocessConfig) -> dict[str, dict[str, str]]:
+    """Per JSON key, format -> how the run's summary names that output: its path, or for a multi-shard
+    MindRecord the files actually written (`x.mindrecord0..3`; no `x.mindrecord` exists then)."""
+    return {
+        key: {fmt: mindrecord_files_name(path, config.mindrecord_shards) if fmt == "mindrecord" else path
+              for fmt, path in config.output_paths_of(key).items()}
+        for key in config.json_keys
+    }
+
 
 def remove_output(fmt: str, path: str, mindrecord_shards: int = 1) -> None:
     """Delete an output of format `fmt` at `path` if it exists (all its files)."""
-    if fmt == "arrow":
-        shutil.rmtree(path, ignore_errors=True)
-        return
-    if fmt == "mmap":
-        paths = [data_file_path(path), index_file_path(path)]
-    else:
-        from indexed_dataset.mindrecord import shard_paths
-
-        paths = [p + suffix for p in shard_paths(path, mindrecord_shards) for suffix in ("", MINDRECORD_INDEX_SUFFIX)]
-    for file_path in paths:
-        if os.path.exists(file_path):
+    for file_path in output_files(fmt, path, mindrecord_shards):
+        if os.path.isdir(file_path):
+            shutil.rmtree(file_path, ignore_errors=True)
+        elif os.path.lexists(file_path):
             os.remove(file_path)
 
 
+def check_replaceable(fmt: str, path: str) -> None:
+    """Refuse to replace an Arrow output folder that holds files our writer does not make.
+
+    Raises:
+        TokenmillError: names the folder and a foreign file.
+    """
+    if fmt != "arrow" or not os.path.isdir(path):
+        return
+    foreign = sorted(name for name in os.listdir(path) if not _ARROW_FILE_NAMES.fullmatch(name))
+    if foreign:
+        raise TokenmillError(f"{path}: output directory is not empty (it holds {foreign[0]!r}, which "
+                             "preprocess-data did not write); remove it or choose another --output-prefix")
+
+
 class Outputs:
-    """Every output of a run; `write` each chunk, then `finish` (or `abort`).
+    """Every output of a run; `write` each chunk, then `finalize` and `publish` (or `abort`).
 
     Args:
         config: the run (keys, formats and their options, partitions, output names).
         dtype: token dtype of every output.
 
     Raises:
-        TokenmillError: a row-format output already exists.
+        TokenmillError: an Arrow output folder holds files of someone else.
         ValueError: a bad writer option (shard count, empty-document policy).
     """
 
@@ -63,19 +117,46 @@ class Outputs:
         self.partials: dict[str, list[str]] = {key: [] for key in config.json_keys}
         self.row_writers: list[tuple[str, str, object]] = []  # (key, format, writer)
         self.field_types: dict[str, pa.DataType] | None = None
-        self.finished: list[tuple[str, str]] = []
-        self.scratch = None
+        self.published: list[tuple[str, str]] = []  # (format, final path)
+        for key in config.json_keys:
+            for fmt, path in config.output_paths_of(key).items():
+                check_replaceable(fmt, path)
+        directory, name = os.path.split(os.path.abspath(config.part_prefix))
+        self.staging: str | None = tempfile.mkdtemp(prefix=f".{name}{STAGING_INFIX}", suffix=STAGING_SUFFIX,
+                                                    dir=directory)
         try:
             for key in config.json_keys:
                 for fmt, path in config.output_paths_of(key).items():
                     if fmt != "mmap":
-                        self.row_writers.append((key, fmt, open_writer(fmt, path, dtype, **self._options(fmt))))
-            if "mmap" in config.output_formats and config.partitions > 1:
-                directory = os.path.dirname(os.path.abspath(config.output_prefix))
-                self.scratch = tempfile.mkdtemp(prefix=".tokenmill-partitions-", dir=directory)
+                        with self._naming(path):
+                            writer = open_writer(fmt, self._staged(path), dtype, **self._options(fmt))
+                        self.row_writers.append((key, fmt, writer))
         except BaseException:
             self.abort()
             raise
+
+    @contextlib.contextmanager
+    def _naming(self, final_path: str) -> Iterator[None]:
+        """Make an OSError name the output it hit: a full disk raises one with no file name, and a
+        file inside the staging directory is shown under its final name."""
+        try:
+            yield
+        except OSError as error:
+            if error.errno is None:
+                raise
+            name = error.filename
+            if name is None:
+                name = final_path
+            elif self.staging is not None and os.path.abspath(str(name)).startswith(self.staging + os.sep):
+                relative = os.path.relpath(os.path.abspath(str(name)), self.staging)
+                name = os.path.join(os.path.dirname(os.path.abspath(final_path)), relative)
+            else:
+                raise
+            raise OSError(error.errno, error.strerror or os.strerror(error.errno), name) from None
+
+    def _staged(self, final_path: str) -> str:
+        """Where an output is written before it is published."""
+        return os.path.join(self.staging, os.path.basename(final_path))
 
     def _options(self, fmt: str) -> dict:
         # Sentence splitting makes several sequences per document: row formats must store their lengths.
@@ -93,11 +174,14 @@ class Outputs:
         fields = self._fields(chunk)
         for key, writer in self.mmap_writers.items():
             column = chunk.columns[key]
-            writer.add_documents(column.tokens, column.sequence_lengths, column.document_sequence_counts)
+            with self._naming(data_file_path(self.config.output_prefix_of(key))):
+                writer.add_documents(column.tokens, column.sequence_lengths, column.document_sequence_counts)
         for key, fmt, writer in self.row_writers:
             column = chunk.columns[key]
             extra = {"fields": fields} if fields and fmt == "arrow" else {}
-            writer.add_documents(column.tokens, column.sequence_lengths, column.document_sequence_counts, **extra)
+            with self._naming(self.config.output_paths_of(key)[fmt]):
+                writer.add_documents(column.tokens, column.sequence_lengths, column.document_sequence_counts,
+                                     **extra)
 
     def _fields(self, chunk: EncodedChunk) -> dict[str, list]:
         """The kept fields as Python values; their types must stay those of the first documents."""
@@ -114,50 +198,76 @@ class Outputs:
         self._finalize_mmap_writers()
         self.partition = partition
         for key in self.config.json_keys:
-            final = self.config.output_prefix_of(key)
-            prefix = final if self.scratch is None else os.path.join(self.scratch, f"{partition:05d}_{key}")
+            staged = self._staged(self.config.output_prefix_of(key))
+            prefix = staged if self.config.partitions == 1 else f"{staged}.partition{partition:05d}"
             self.partials[key].append(prefix)
-            self.mmap_writers[key] = IndexedDatasetWriter(prefix, self.dtype)
+            with self._naming(self.config.output_prefix_of(key)):
+                self.mmap_writers[key] = IndexedDatasetWriter(prefix, self.dtype)
 
     def _finalize_mmap_writers(self) -> None:
         while self.mmap_writers:
             key, writer = self.mmap_writers.popitem()
-            writer.finalize()
-            if self.scratch is None:
-                self.finished.append(("mmap", self.config.output_prefix_of(key)))
+            with self._naming(self.config.output_prefix_of(key)):
+                writer.finalize()
 
-    def finish(self) -> None:
-        """Finish every output; on any failure, nothing of this run is left."""
+    def finalize(self) -> None:
+        """Finish every output inside the staging directory; on any failure, nothing of this run is left."""
         try:
             if "mmap" in self.config.output_formats:
                 if self.partition < 0:  # no documents at all: still write (empty) outputs
                     self._open_partition(0)
                 self._finalize_mmap_writers()
-                if self.scratch is not None:
+                if self.config.partitions > 1:
                     for key, prefixes in self.partials.items():
-                        merge_datasets(prefixes, self.config.output_prefix_of(key))
-                        self.finished.append(("mmap", self.config.output_prefix_of(key)))
+                        final = self.config.output_prefix_of(key)
+                        with self._naming(final):
+                            merge_datasets(prefixes, self._staged(final))
             while self.row_writers:
-                _, fmt, writer = self.row_writers.pop(0)
-                writer.finalize()
-                self.finished.append((fmt, writer.path))
+                key, fmt, writer = self.row_writers.pop(0)
+                with self._naming(self.config.output_paths_of(key)[fmt]):
+                    writer.finalize()
         except BaseException:
             self.abort()
             raise
-        self._remove_scratch()
+
+    def publish(self) -> None:
+        """Move every finished output to its final name (replacing the previous one), then drop the
+        staging directory. On failure, the outputs this run already moved are removed too."""
+        try:
+            for key in self.config.json_keys:
+                for fmt, final in self.config.output_paths_of(key).items():
+                    remove_output(fmt, final, self.config.mindrecord_shards)
+                    self.published.append((fmt, final))
+                    shards = self.config.mindrecord_shards
+                    for staged, target in zip(output_files(fmt, self._staged(final), shards),
+                                              output_files(fmt, final, shards)):
+                        with self._naming(target):
+                            os.replace(staged, target)
+        except BaseException:
+            self.abort()
+            raise
+        self._remove_staging()
 
     def abort(self) -> None:
-        """Drop every writer's temporaries and every output this run already finished."""
-        while self.mmap_writers:
-            self.mmap_writers.popitem()[1].abort()
-        while self.row_writers:
-            self.row_writers.pop()[2].abort()
-        while self.finished:
-            fmt, path = self.finished.pop()
-            remove_output(fmt, path, self.config.mindrecord_shards)
-        self._remove_scratch()
+        """Drop every writer, the staging directory and every output this run already published.
 
-    def _remove_scratch(self) -> None:
-        if self.scratch is not None:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            self.scratch = None
+        Never raises OSError: it runs while another error (a full disk, an interruption) is on its way
+        up, and must remove everything it can.
+        """
+        writers = [*self.mmap_writers.values(), *(writer for _, _, writer in self.row_writers)]
+        self.mmap_writers, self.row_writers = {}, []
+        for writer in writers:
+            try:
+                writer.abort()
+            except OSError as error:  # e.g. flushing a buffer on a full disk; the staging folder goes below
+                logger.debug("%s: abort: %s", writer.path, error)
+        while self.published:
+            fmt, path = self.published.pop()
+            with contextlib.suppress(OSError):
+                remove_output(fmt, path, self.config.mindrecord_shards)
+        self._remove_staging()
+
+    def _remove_staging(self) -> None:
+        if self.staging is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            self.staging = None

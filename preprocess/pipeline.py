@@ -11,9 +11,11 @@
 The main process reads chunks (line-aligned JSON, or record batches of columnar files: see
 `inputs.py`), workers parse and tokenize them (see `workers.py`), and the main process appends each
 chunk's documents with one vectorised `add_documents` call per key and output format (`outputs.py`).
-Documents keep their input order whatever the number of workers or partitions. Any error aborts
-every writer, so a failed or interrupted run leaves no output that looks complete. With
-`world_size > 1` this process makes only its part of the job (see `fanout.py`).
+Documents keep their input order whatever the number of workers or partitions. Outputs are written
+in a staging directory and published together, between removing and writing the run's done marker
+(`outputs.py`, `fanout.py`); any error or interruption aborts every writer, so a failed or
+interrupted run leaves no output that looks complete, and rerunning the same command skips a finished
+run or redoes an unfinished one. With `world_size > 1` this process makes only its part of the job.
 """
 
 from __future__ import annotations
@@ -31,10 +33,10 @@ from indexed_dataset import TokenmillError, optimal_dtype
 from .columnar import hf_dataset_chunks
 from .config import PreprocessConfig
 from .documents import EncodeSettings
-from .fanout import clear_part, mark_done, part_fingerprint, part_is_done, rank_files
+from .fanout import clear_part, mark_done, part_fingerprint, part_is_done, rank_files, remove_marker
 from .inputs import InputReader, resolve_inputs
 from .jsonl import SKIPPED_LINES_QUOTED
-from .outputs import Outputs
+from .outputs import Outputs, written_names
 from .progress import Progress
 from .tokenizers import build_tokenizer
 from .workers import chunk_encoder
@@ -48,7 +50,7 @@ class PreprocessSummary:
 
     Attributes:
         output_prefixes: mmap output dataset prefix per JSON key.
-        output_paths: per JSON key, format -> output path.
+        output_paths: per JSON key, format -> the output as written (`x.mindrecord0..3` for shards).
         dtype: token dtype of the outputs.
         documents: input documents (lines) written, per key.
         tokens: tokens written, all keys together.
@@ -79,7 +81,8 @@ class PreprocessSummary:
     def describe(self) -> str:
         """One line for the log."""
         if self.already_done:
-            return f"Already done (marker found): {', '.join(self.output_prefixes.values())}; nothing redone"
+            return (f"Already done (marker found): {', '.join(self.output_prefixes.values())}; nothing redone "
+                    "(--overwrite redoes it)")
         outputs = ", ".join(path for paths in self.output_paths.values() for path in paths.values())
         line = (f"Done: {self.documents} documents, {self.tokens} tokens, {self.num_bytes} bytes in "
                 f"{self.seconds:.2f} s ({self.num_bytes / 2**20 / max(self.seconds, 1e-9):.1f} MB/s), "
@@ -122,30 +125,31 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
     paths = resolve_inputs(config.input) if config.input else []
     if config.world_size > 1:
         paths = rank_files(paths, config.rank, config.world_size)
-        fingerprint = part_fingerprint(config, paths)
-        if part_is_done(config, fingerprint):
-            return _already_done(config, paths)
-        clear_part(config)
+    fingerprint = part_fingerprint(config, paths)
+    # A streamed --hf-dataset has no files to fingerprint: its run is always redone.
+    if config.hf_dataset is None and part_is_done(config, fingerprint):
+        return _already_done(config, paths)
+    clear_part(config)
+    if config.world_size > 1:
         logger.info("rank %d of %d: %d input files -> %s", config.rank, config.world_size, len(paths),
                     config.part_prefix)
-    summary = _run(config, paths, use_progress_bar)
-    if config.world_size > 1:
-        mark_done(config, fingerprint)
-    return summary
+    return _run(config, paths, use_progress_bar, fingerprint)
 
 
 def _already_done(config: PreprocessConfig, paths: list[str]) -> PreprocessSummary:
     tokenizer = build_tokenizer(config.tokenizer)
     return PreprocessSummary(
         output_prefixes={key: config.output_prefix_of(key) for key in config.json_keys},
-        output_paths={key: config.output_paths_of(key) for key in config.json_keys},
+        output_paths=written_names(config),
         dtype=optimal_dtype(tokenizer.vocab_size, config.token_dtype_rule),
         documents=0, tokens=0, num_bytes=0, seconds=0.0, empty_documents=0, skipped=[], skipped_lines=0,
         skipped_files=[], input_files=paths, already_done=True,
     )
 
 
-def _run(config: PreprocessConfig, paths: list[str], use_progress_bar: bool | None) -> PreprocessSummary:
+def _run(
+    config: PreprocessConfig, paths: list[str], use_progress_bar: bool | None, fingerprint: str
+) -> PreprocessSummary:
     tokenizer = build_tokenizer(config.tokenizer)
     settings = EncodeSettings(
         keys=tuple(config.json_keys),
@@ -183,7 +187,10 @@ def _run(config: PreprocessConfig, paths: list[str], use_progress_bar: bool | No
                         empty_documents=sum(column.num_empty_documents for column in encoded_columns),
                         skipped_lines=len(encoded.skipped),
                     )
-            outputs.finish()
+            outputs.finalize()
+            remove_marker(config)
+            outputs.publish()
+            mark_done(config, fingerprint)
         except BaseException:
             outputs.abort()
             raise
@@ -194,7 +201,7 @@ def _run(config: PreprocessConfig, paths: list[str], use_progress_bar: bool | No
         logger.warning("%s:%d: skipped: %s", source, number, reason)
     return PreprocessSummary(
         output_prefixes={key: config.output_prefix_of(key) for key in config.json_keys},
-        output_paths={key: config.output_paths_of(key) for key in config.json_keys},
+        output_paths=written_names(config),
         dtype=dtype,
         documents=counts.documents,
         tokens=counts.tokens,

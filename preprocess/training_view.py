@@ -2,6 +2,7 @@
 
     inspect-index data/corpus_text_document --seq-length 2048 --split 949,50,1 --seed 1234 \
         --train-samples 100000 --samples 0,1,-1 --tokenizer-type GPT2BPETokenizer ...
+    inspect-index --data-path 0.3 data/a_text_document 0.7 data/b_arrow --seq-length 2048 --train-samples 100000
     inspect-index data/corpus_text_sentence --model t5 --seq-length 512 --decoder-seq-length 128 \
         --vocab-extra-ids 100 --tokenizer-type GPTSentencePieceTokenizer --tokenizer-model spiece.model
 
@@ -19,14 +20,16 @@ writable the indices are built in memory (samplers' rule).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+
+# The split names and default are samplers' (one definition for train, build-indices and inspect-index);
+# `samplers.splits` is light: the index kernels load only inside the view functions.
+from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES
 
 from .tokenizers import Tokenizer
 from .tokenizers.t5 import t5_special_ids
 
-SPLIT_NAMES = ("train", "valid", "test")
-# Megatron's `--split` default.
-DEFAULT_SPLIT = "969,30,1"
 # Megatron's `--seed` default.
 DEFAULT_SEED = 1234
 MODEL_KINDS = ("gpt", "t5")
@@ -67,53 +70,68 @@ class TrainingViewConfig:
             raise ValueError(f"sample counts must be >= 0, got {list(self.sizes)}")
 
 
-def training_view(prefix: str, config: TrainingViewConfig, tokenizer: Tokenizer | None = None) -> list[dict | None]:
+def _sample_dict(tokens, tokenizer: Tokenizer | None) -> dict:
+    sample: dict = {"tokens": tokens.tolist()}
+    if tokenizer is not None:
+        sample["text"] = tokenizer.decode(tokens[tokens >= 0].tolist())
+    return sample
+
+
+def _split_dict(inspection, tokenizer: Tokenizer | None) -> dict:
+    """A `samplers.inspect.SplitInspection` as a JSON-ready dict."""
+    return {
+        "split": inspection.split,
+        "sequence_range": list(inspection.sequence_range),
+        "num_tokens_per_epoch": inspection.num_tokens_per_epoch,
+        "num_epochs": inspection.num_epochs,
+        "separate_final_epoch": inspection.separate_final_epoch,
+        "num_samples": inspection.num_samples,
+        "samples": {i: _sample_dict(tokens, tokenizer) for i, tokens in inspection.samples.items()},
+    }
+
+
+def training_view(data: str | Sequence[str], config: TrainingViewConfig,
+                  tokenizer: Tokenizer | None = None) -> list[dict | None]:
     """Epochs, sample counts and chosen samples of each split, as plain dicts (JSON-ready).
 
     Args:
-        prefix: dataset prefix.
+        data: one dataset path (any format), or blend words as `train --data-path` takes them
+            ("A B" or "0.3 A 0.7 B").
         config: the sampling configuration.
         tokenizer: decodes the samples when given (pad ids, -1, are left out of the text).
 
     Returns:
-        One entry per split (train, valid, test): None for an absent split, else a dict with
-        `split`, `sequence_range`, `num_tokens_per_epoch`, `num_epochs`, `separate_final_epoch`,
-        `num_samples` and `samples` ({sample id: {"tokens": [...], "text": str (with a tokenizer)}}).
+        One entry per split (train, valid, test): None for an absent split; for one dataset's split a
+        dict with `split`, `sequence_range`, `num_tokens_per_epoch`, `num_epochs`, `separate_final_epoch`,
+        `num_samples` and `samples` ({sample id: {"tokens": [...], "text": str (with a tokenizer)}}); for a
+        blended split a dict with `split`, `num_samples`, `members` (per member: `path`, `weight` and the
+        fields above but `samples`, or None when the split never draws from it) and `samples` (each also
+        naming its `member`).
 
     Raises:
-        TokenmillError: damaged dataset, malformed split string, or samples asked of an empty split.
+        TokenmillError: damaged dataset, malformed split or blend, or samples asked of an empty split.
     """
-    from samplers.inspect import inspect_splits  # the training view only: see the module docstring
+    # The training view only: see the module docstring.
+    from samplers.inspect import SplitInspection, inspect_blend_splits
+    from samplers.splits import parse_blend
 
-    report = inspect_splits(
-        prefix,
-        config.sequence_length,
-        config.split,
-        config.seed,
-        sizes=config.sizes,
-        sample_ids=config.sample_ids,
-        path_to_cache=config.path_to_cache,
-    )
+    blend = ([data], None) if isinstance(data, str) else parse_blend(list(data))
+    report = inspect_blend_splits(blend, config.sequence_length, config.split, config.seed, sizes=config.sizes,
+                                  sample_ids=config.sample_ids, path_to_cache=config.path_to_cache)
     view: list[dict | None] = []
     for inspection in report:
-        if inspection is None:
-            view.append(None)
+        if inspection is None or isinstance(inspection, SplitInspection):
+            view.append(None if inspection is None else _split_dict(inspection, tokenizer))
             continue
-        samples = {}
-        for sample_id, tokens in inspection.samples.items():
-            sample: dict = {"tokens": tokens.tolist()}
-            if tokenizer is not None:
-                sample["text"] = tokenizer.decode(tokens[tokens >= 0].tolist())
-            samples[sample_id] = sample
-        view.append({
-            "split": inspection.split,
-            "sequence_range": list(inspection.sequence_range),
-            "num_tokens_per_epoch": inspection.num_tokens_per_epoch,
-            "num_epochs": inspection.num_epochs,
-            "separate_final_epoch": inspection.separate_final_epoch,
-            "num_samples": inspection.num_samples,
-            "samples": samples,
-        })
+        members = []
+        for path, weight, member in zip(blend[0], inspection.weights, inspection.members):
+            members.append(None if member is None else {"path": path, "weight": weight,
+                                                         **{k: v for k, v in _split_dict(member, None).items()
+                                                            if k != "samples"}})
+        samples = {i: {"member": member, **_sample_dict(tokens, tokenizer)}
+                   for i, (member, tokens) in inspection.samples.items()}
+        view.append({"split": inspection.split, "num_samples": inspection.num_samples, "members": members,
+                     "samples": samples})
     return view
 
 
@@ -124,16 +142,26 @@ def format_training_view(view: list[dict | None], config: TrainingViewConfig) ->
         if split is None:
             lines.append(f"{name:<16}absent")
             continue
-        begin, end = split["sequence_range"]
-        lines.append(
-            f"{name:<16}sequences [{begin}, {end}), {split['num_tokens_per_epoch']} tokens per epoch, "
-            f"{split['num_epochs']} epochs{' (last one shuffled apart)' if split['separate_final_epoch'] else ''}, "
-            f"{split['num_samples']} samples"
-        )
+        if "members" in split:
+            lines.append(f"{name:<16}blend of {len(split['members'])} datasets, {split['num_samples']} samples")
+            for member in split["members"]:
+                if member is not None:
+                    lines.append(f"  {member['weight']:.4f} {member['path']}: {_split_summary(member)}")
+        else:
+            lines.append(f"{name:<16}{_split_summary(split)}")
         for sample_id, sample in split["samples"].items():
             shown = sample["text"] if "text" in sample else " ".join(map(str, sample["tokens"]))
-            lines.append(f"--- {name} sample {sample_id} ---\n{shown}")
+            source = f" (member {sample['member']})" if "member" in sample else ""
+            lines.append(f"--- {name} sample {sample_id}{source} ---\n{shown}")
     return "\n".join(lines)
+
+
+def _split_summary(split: dict) -> str:
+    """"sequences [b, e), T tokens per epoch, E epochs, N samples" of one dataset's split."""
+    begin, end = split["sequence_range"]
+    shuffled_apart = " (last one shuffled apart)" if split["separate_final_epoch"] else ""
+    return (f"sequences [{begin}, {end}), {split['num_tokens_per_epoch']} tokens per epoch, "
+            f"{split['num_epochs']} epochs{shuffled_apart}, {split['num_samples']} samples")
 
 
 def t5_training_view(prefix: str, config: TrainingViewConfig, tokenizer: Tokenizer,

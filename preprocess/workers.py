@@ -20,6 +20,7 @@ import collections
 import multiprocessing
 import os
 import queue
+import signal
 import threading
 import traceback
 from collections.abc import Iterable, Iterator
@@ -64,13 +65,26 @@ class _Failure:
 
 
 def _worker_main(config: TokenizerConfig, settings: EncodeSettings, tasks, results) -> None:
+    # Ctrl-C reaches every process of the terminal's group: the main process handles it (and kills
+    # the workers), so a worker must not print a KeyboardInterrupt traceback of its own.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     tokenizer = build_tokenizer(config)
+    try:
+        _serve(tokenizer, settings, tasks, results)
+    except (EOFError, OSError):  # the main process is gone (killed, or stopped the run): nothing to say
+        return
+
+
+def _serve(tokenizer: Tokenizer, settings: EncodeSettings, tasks, results) -> None:
+    """Encode the chunks arriving on `tasks` until None, sending each result (or error) on `results`."""
     while (chunk := tasks.recv()) is not None:
         try:
             results.send(encode_chunk(chunk, tokenizer, settings))
         except TokenmillError as error:  # ours pickle; the main process re-raises them
             results.send(error)
+        except (EOFError, OSError):
+            raise
         except Exception as error:  # a bug: keep its traceback
             results.send(_Failure(error))
 

@@ -5,8 +5,9 @@
     train, valid, test = build_gpt_datasets(cfg, sizes=(1000, 100, None))
     from samplers import T5DatasetConfig, build_t5_datasets   # T5 span corruption on sentence-split data
 
-The torch Datasets are imported on first use, so the index builders (`samplers.builder`,
-`samplers.indices`, the `build-indices` CLI) run without paying for importing torch.
+Every name is imported on first use: the index builders (`samplers.builder`, `samplers.indices`, the
+`build-indices` CLI) run without paying for importing torch, and `samplers.splits` (the split default)
+without compiling the numba kernels.
 """
 
 from __future__ import annotations
@@ -14,10 +15,11 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from .config import GPTDatasetConfig
-from .sampler import DataParallelSampler
-
 _LAZY = {
+    # Even the torch-free names load on first use: `import samplers.splits` (the split default,
+    # wanted by `inspect-index`) must not pay for compiling the numba kernels.
+    "GPTDatasetConfig": "samplers.config",
+    "DataParallelSampler": "samplers.sampler",
     "build_gpt_datasets": "samplers.datasets",
     "GPTDataset": "samplers.gpt_dataset",
     "BlendedDataset": "samplers.blended_dataset",

@@ -19,8 +19,6 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 
-from indexed_dataset import IndexedDataset
-
 from .cache import IndexCache, description_hash
 from .config import GPTDatasetConfig
 from .errors import BlendFormatError, BlendSizeError, EmptySplitError
@@ -33,6 +31,7 @@ from .gpt_indices import (
     load_or_build_gpt_indices,
 )
 from .indices import blend_sizes, build_blending_indices, build_exhaustive_blending_indices
+from .sources import TokenSource
 from .splits import SPLIT_NAMES, normalize_weights, split_ranges
 
 logger = logging.getLogger(__name__)
@@ -43,14 +42,14 @@ DEFAULT_CACHE_DIRNAME = "index-cache"
 BLEND_INDEX_KINDS = ("dataset_index", "dataset_sample_index")
 
 Sizes = tuple[Optional[int], Optional[int], Optional[int]]
-RangeOf = Callable[[IndexedDataset], Optional[tuple[int, int]]]
+RangeOf = Callable[[TokenSource], Optional[tuple[int, int]]]
 
 
 @dataclass(frozen=True)
 class MidLevelSplit:
     """One dataset's split: the low-level dataset, the split name and its index arrays."""
 
-    dataset: IndexedDataset
+    dataset: TokenSource
     split: str
     indices: GPTIndices
     description: dict
@@ -86,11 +85,11 @@ class _Builder:
     def __init__(self, config: GPTDatasetConfig, timings: PhaseTimings) -> None:
         self.config = config
         self.timings = timings
-        self.datasets: dict[str, IndexedDataset] = {}
+        self.datasets: dict[str, TokenSource] = {}
 
-    def dataset(self, prefix: str) -> IndexedDataset:
+    def dataset(self, prefix: str) -> TokenSource:
         if prefix not in self.datasets:
-            self.datasets[prefix] = IndexedDataset(prefix)
+            self.datasets[prefix] = TokenSource(prefix)
         return self.datasets[prefix]
 
     def cache(self, prefix: str) -> IndexCache:
@@ -108,7 +107,8 @@ class _Builder:
             if num_samples:
                 raise EmptySplitError(
                     f"{prefix}: the {name} split ({self.config.split!r}) covers no sequence of the "
-                    f"{len(dataset)} in the dataset, but {num_samples} samples were requested"
+                    f"{len(dataset)} in the dataset, but {num_samples} samples were requested",
+                    split=name,
                 )
             return None
         config = self.config
@@ -126,7 +126,7 @@ class _Builder:
         try:
             indices = load_or_build_gpt_indices(dataset, name, spec, self.cache(prefix), self.timings)
         except EmptySplitError as error:
-            raise EmptySplitError(f"{prefix}: {name} split: {error}") from None
+            raise EmptySplitError(f"{prefix}: {name} split: {error}", split=name) from None
         return MidLevelSplit(dataset, name, indices, gpt_index_description(dataset, name, spec))
 
     def blended(
@@ -150,7 +150,8 @@ class _Builder:
             lengths = [len(member) if member is not None else 0 for member in members]
             if sum(lengths) == 0:
                 if size:
-                    raise EmptySplitError(f"the {name} split of the blend has no samples, but {size} were requested")
+                    raise EmptySplitError(f"the {name} split of the blend has no samples, but {size} were requested",
+                                          split=name)
                 return None
             exhaustive = size is None
             size = sum(lengths) if exhaustive else min(size, sum(lengths))

@@ -1,5 +1,7 @@
 """The errors the samplers room raises on purpose; all are `TokenmillError`s, so CLIs print one line."""
 
+from typing import Optional
+
 from indexed_dataset import TokenmillError
 
 
@@ -16,7 +18,15 @@ class BlendFormatError(SamplerError, ValueError):
 
 
 class EmptySplitError(SamplerError):
-    """A split with no sequences or no tokens was asked for samples."""
+    """A split with no sequences or no tokens was asked for samples.
+
+    Attributes:
+        split: "train", "valid" or "test" when known, so a caller can name the flags behind the count.
+    """
+
+    def __init__(self, message: str, split: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.split = split
 
 
 class BlendSizeError(SamplerError):

@@ -4,7 +4,8 @@
     arrays = build_gpt_indices(dataset.sequence_lengths, spec)       # pure: lengths in, arrays out
     indices = load_or_build_gpt_indices(dataset, "train", spec, IndexCache("data/index-cache"))
 
-Only `sequence_lengths` (a memory map of the `.idx`) is read; no token is touched or copied.
+Only `sequence_lengths` (a memory map of the `.idx`, or the lengths of an Arrow / MindRecord dataset) is
+read; no token is touched or copied.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from typing import Iterator, Optional
 
 import numpy as np
 
-from indexed_dataset import IndexedDataset
-
 from .cache import IndexCache
 from .errors import EmptySplitError
 from .indices import (
@@ -31,6 +30,7 @@ from .indices import (
     num_epochs,
     sequence_id_dtype,
 )
+from .sources import TokenSource
 
 logger = logging.getLogger(__name__)
 
@@ -167,17 +167,12 @@ def build_gpt_indices(
     return {"document_index": document_index, "sample_index": sample_index, "shuffle_index": shuffle_index}
 
 
-def dataset_fingerprint(dataset: IndexedDataset) -> dict[str, object]:
-    """Absolute prefix, and size and mtime of both files: a changed or replaced dataset gets new keys."""
-    fingerprint: dict[str, object] = {"prefix": os.path.abspath(dataset.prefix)}
-    for kind, path in (("bin", dataset.bin_path), ("idx", dataset.idx_path)):
-        stat = os.stat(path)
-        fingerprint[f"{kind}_size"] = stat.st_size
-        fingerprint[f"{kind}_mtime_ns"] = stat.st_mtime_ns
-    return fingerprint
+def dataset_fingerprint(dataset: TokenSource) -> dict[str, object]:
+    """Absolute path, and size and mtime of its files: a changed or replaced dataset gets new keys."""
+    return dataset.fingerprint()
 
 
-def gpt_index_description(dataset: IndexedDataset, split_name: str, spec: GPTIndexSpec) -> dict[str, object]:
+def gpt_index_description(dataset: TokenSource, split_name: str, spec: GPTIndexSpec) -> dict[str, object]:
     """The cache description: dataset fingerprint, split, every spec field and the versioned rules."""
     return {
         "class": "GPTDataset",
@@ -190,7 +185,7 @@ def gpt_index_description(dataset: IndexedDataset, split_name: str, spec: GPTInd
 
 
 def load_or_build_gpt_indices(
-    dataset: IndexedDataset,
+    dataset: TokenSource,
     split_name: str,
     spec: GPTIndexSpec,
     cache: IndexCache,
@@ -223,7 +218,7 @@ def load_or_build_gpt_indices(
     return indices
 
 
-def read_sample(dataset: IndexedDataset, indices: GPTIndices, idx: int, sequence_length: int, extra_tokens: int, pad_id: int) -> np.ndarray:
+def read_sample(dataset: TokenSource, indices: GPTIndices, idx: int, sequence_length: int, extra_tokens: int, pad_id: int) -> np.ndarray:
     """Token ids of item `idx` (sample `shuffle_index[idx]`), right-padded with `pad_id` if partial.
 
     Args:

@@ -19,10 +19,8 @@ from .cache import save_array
 from .config import GPTDatasetConfig
 from .errors import BlendFormatError
 from .gpt_indices import GPT_INDEX_KINDS, PhaseTimings
-from .splits import parse_blend
-
-MEGATRON_DEFAULT_SPLIT = "969,30,1"
-"""Megatron-LM's `--split` default, used when a single blend is given without a split."""
+from .run_length import RunLength
+from .splits import DEFAULT_SPLIT, parse_blend
 
 
 @dataclass(kw_only=True, slots=True)
@@ -40,7 +38,7 @@ class BuildIndicesConfig:
     test_data_path: Optional[list[str]] = None
     """Blend of the test split, used whole."""
     split: Optional[str] = None
-    """Split fractions with `data_path` (default Megatron's "969,30,1")."""
+    """Split fractions with `data_path` (default `DEFAULT_SPLIT`, Megatron's)."""
     seed: int = 1234
     """Random seed of the shuffles."""
     train_samples: Optional[int] = None
@@ -49,6 +47,8 @@ class BuildIndicesConfig:
     """Validation samples wanted; None: one epoch."""
     test_samples: Optional[int] = None
     """Test samples wanted; None: one epoch."""
+    run_length: Optional[RunLength] = None
+    """Take the three sample counts from a run's length, as `train` does (exclusive with the counts)."""
     data_cache_path: Optional[str] = None
     """Index cache directory; None: `index-cache/` beside each dataset."""
     dump: Optional[str] = None
@@ -68,6 +68,16 @@ class BuildIndicesConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
+        if self.run_length is not None and any(n is not None for n in self.explicit_sizes):
+            raise ValueError("give either the sample counts or the run's length (train iterations ...), not both")
+
+    @property
+    def explicit_sizes(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        return self.train_samples, self.valid_samples, self.test_samples
+
+    def sizes(self) -> tuple[Optional[int], Optional[int], Optional[int]]:
+        """Samples wanted per split: from the run's length when given, else the explicit counts."""
+        return self.run_length.sizes() if self.run_length is not None else self.explicit_sizes
 
     def dataset_config(self) -> GPTDatasetConfig:
         """The `GPTDatasetConfig` training would use for the same options."""
@@ -76,7 +86,7 @@ class BuildIndicesConfig:
                 sequence_length=self.seq_length,
                 random_seed=self.seed,
                 blend=parse_blend(self.data_path),
-                split=self.split or MEGATRON_DEFAULT_SPLIT,
+                split=self.split or DEFAULT_SPLIT,
                 path_to_cache=self.data_cache_path,
             )
         paths = (self.train_data_path, self.valid_data_path, self.test_data_path)
@@ -130,8 +140,7 @@ def build_indices(config: BuildIndicesConfig) -> tuple[list[Optional[SplitIndice
         TokenmillError: see `builder.build_split_indices` and `dump_indices`.
     """
     timings = PhaseTimings()
-    sizes = (config.train_samples, config.valid_samples, config.test_samples)
-    splits = build_split_indices(config.dataset_config(), sizes, timings)
+    splits = build_split_indices(config.dataset_config(), config.sizes(), timings)
     if config.dump is not None:
         dump_indices(splits, config.dump)
     return splits, timings

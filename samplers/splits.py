@@ -24,6 +24,9 @@ from .errors import BlendFormatError, SplitFormatError
 SPLIT_NAMES = ("train", "valid", "test")
 """The three splits, in the order of split strings, `sizes` and `blend_per_split`."""
 
+DEFAULT_SPLIT = "969,30,1"
+"""Megatron-LM's `--split` default: the one default of `train`, `build-indices` and `inspect-index`."""
+
 _SPLIT_NUMBER = re.compile(r"[.0-9]+")
 """Megatron extracts the numbers of a split string with this pattern (any separator works)."""
 

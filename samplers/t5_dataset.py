@@ -1,4 +1,4 @@
-"""T5 span-corruption samples over a sentence-split `.bin/.idx` dataset (`preprocess-data --split-sentences`).
+"""T5 span-corruption samples over a sentence-split dataset (`preprocess-data --split-sentences`; any format).
 
     config = T5DatasetConfig(data_prefix="data/x_text_sentence", split="949,50,1",
                              sentinel_ids=tuple(range(32099, 31999, -1)), pad_id=0, decoder_start_id=0, eos_id=1)
@@ -32,13 +32,12 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from indexed_dataset import IndexedDataset
-
 from .builder import Sizes, default_cache_directory
 from .cache import IndexCache
 from .errors import EmptySplitError
 from .gpt_indices import dataset_fingerprint
-from .splits import SPLIT_NAMES, parse_split, split_ranges
+from .sources import TokenSource
+from .splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_split, split_ranges
 from .t5_indices import MIN_TARGET_LENGTH, build_t5_sample_index
 from .t5_masking import corrupt_spans, noise_span_counts, random_spans_noise_mask
 
@@ -84,7 +83,7 @@ class T5DatasetConfig:
     """First decoder input token (Hugging Face T5/mT5: the pad id 0; Megatron: BOS)."""
     eos_id: int
     """Last target token."""
-    split: str = "949,50,1"
+    split: str = DEFAULT_SPLIT
     """Split fractions over documents."""
     encoder_seq_length: int = 512
     """Encoder input positions Le; a sample holds at most Le - 2 raw tokens (Megatron's rule)."""
@@ -141,12 +140,10 @@ class T5SampleView:
     """int64 [noise + spans + 1]: each sentinel, the tokens it replaced, then EOS."""
 
 
-def _sample_tokens(dataset: IndexedDataset, row: np.ndarray) -> np.ndarray:
+def _sample_tokens(dataset: TokenSource, row: np.ndarray) -> np.ndarray:
     """The sentences [first, end) of a sample row, concatenated and cut at its target length (int64)."""
     first, end, target = (int(x) for x in row)
-    start = int(dataset.sequence_pointers[first]) // dataset.dtype.itemsize
-    count = int(dataset.sequence_lengths[first:end].sum(dtype=np.int64))
-    return dataset.tokens[start : start + min(count, target)].astype(np.int64)
+    return dataset.sequences(first, end)[:target].astype(np.int64)
 
 
 class T5Dataset(torch.utils.data.Dataset):
@@ -160,7 +157,7 @@ class T5Dataset(torch.utils.data.Dataset):
         config: the sample options.
     """
 
-    def __init__(self, dataset: IndexedDataset, split: str, document_range: tuple[int, int], sample_index: np.ndarray,
+    def __init__(self, dataset: TokenSource, split: str, document_range: tuple[int, int], sample_index: np.ndarray,
                  config: T5DatasetConfig) -> None:
         self.dataset = dataset
         self.split = split
@@ -205,7 +202,7 @@ class T5Dataset(torch.utils.data.Dataset):
         }
 
 
-def t5_index_description(dataset: IndexedDataset, split: str, document_range: tuple[int, int],
+def t5_index_description(dataset: TokenSource, split: str, document_range: tuple[int, int],
                          num_samples: Optional[int], config: T5DatasetConfig) -> dict[str, object]:
     """Everything that determines a split's sample index (the cache key)."""
     return {
@@ -237,7 +234,7 @@ def build_t5_datasets(config: T5DatasetConfig, sizes: Optional[Sizes] = None) ->
         IndexFormatError: the dataset's files are missing or damaged.
     """
     sizes = tuple(sizes) if sizes is not None else (None,) * len(SPLIT_NAMES)
-    dataset = IndexedDataset(config.data_prefix)
+    dataset = TokenSource(config.data_prefix)
     cache = IndexCache(config.path_to_cache or default_cache_directory(config.data_prefix))
     datasets: list[Optional[T5Dataset]] = []
     for name, document_range, size in zip(SPLIT_NAMES, split_ranges(config.split, dataset.num_documents), sizes):
@@ -251,11 +248,11 @@ def build_t5_datasets(config: T5DatasetConfig, sizes: Optional[Sizes] = None) ->
                 dataset.document_indices, dataset.sequence_lengths, document_range, size,
                 max_t5_tokens(config.encoder_seq_length), config.short_seq_prob, config.random_seed)}
 
-        stem = f"{os.path.basename(config.data_prefix)}-t5-{name}"
+        stem = f"{os.path.basename(dataset.prefix)}-t5-{name}"
         sample_index = cache.load_or_build(stem, description, T5_INDEX_KINDS, build)["sample_index"]
         if size and len(sample_index) == 0:
             raise EmptySplitError(f"{config.data_prefix}: the {name} split (documents {document_range[0]} to "
-                                  f"{document_range[1]}) yields no T5 sample, but {size} were requested")
+                                  f"{document_range[1]}) yields no T5 sample, but {size} were requested", split=name)
         logger.info("%s %s: documents [%d, %d), %d T5 samples", config.data_prefix, name, *document_range,
                     len(sample_index))
         datasets.append(T5Dataset(dataset, name, tuple(document_range), sample_index, config))

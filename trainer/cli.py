@@ -30,24 +30,34 @@ import sys
 from collections.abc import Iterator
 
 import torch
+from torch.distributed.elastic.multiprocessing.api import SignalException
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ErrorHandler
 
+from indexed_dataset.cli_support import Interrupted, run_command
 from indexed_dataset.errors import REPORTED_ERRORS
-from trainer.cli_args import build_parser, config_from_args
+from trainer.cli_args import build_parser, config_from_args, environment_defaults
 from trainer.cli_flags import flags_in_message
 from trainer.config import TrainConfig
+from trainer.config_file import argv_with_config_file
 from trainer.data import check_data_files
 from trainer.distributed import launch, under_launcher
-from trainer.hf_convert import hf_train_defaults
+from trainer.checkpoint import check_load_path
+from trainer.hf_convert import checkpoint_train_defaults, hf_train_defaults
 from trainer.hf_t5 import is_hf_t5_directory
 from trainer.parallel_dims import resolve_parallel_dims
 from trainer.t5_convert import t5_train_defaults
 from trainer.train import train
 
+PROG = "train"
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 # Loggers that report a failed worker with a multi-line traceback of the launcher itself.
 LAUNCHER_LOGGERS = ("torch.distributed.elastic.multiprocessing.api", "torch.multiprocessing.spawn")
+# DTensor warns, once per process, that a (dp, tp) reduction of a replicated value takes two all-reduces
+# instead of one on a flattened mesh: a performance note that is the same on every rank, so only
+# rank 0 shows it.
+PER_RANK_DUPLICATE_LOGGERS = ("torch.distributed.tensor._redistribute",)
+logger = logging.getLogger(__name__)
 
 
 def _setup_logging(rank: int) -> None:
@@ -55,10 +65,12 @@ def _setup_logging(rank: int) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
+        for name in PER_RANK_DUPLICATE_LOGGERS:
+            logging.getLogger(name).setLevel(logging.ERROR)
 
 
 def _fail(message: str) -> None:
-    sys.stderr.write(f"train: error: {flags_in_message(message, build_parser())}\n")
+    sys.stderr.write(f"{PROG}: error: {flags_in_message(message, build_parser())}\n")
 
 
 def _run(config: TrainConfig) -> int:
@@ -106,23 +118,39 @@ def _failure_message(error: ChildFailedError) -> str:
 
 def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     """The ``train`` parser; with ``--load-hf DIR`` its defaults for the model (GPT-2, or T5/mT5 with
-    ``--model t5``) and the tokenizer files come from DIR (flags the user gives still win).
+    ``--model t5``) and the tokenizer files come from DIR, with ``--load CHECKPOINT`` from the
+    checkpoint's model_config.json and tokenizer files (flags the user gives still win).
 
     Raises:
         TokenmillError: DIR is not a convertible Hugging Face GPT-2, T5 or mT5 directory.
     """
     parser = build_parser()
+    parser.set_defaults(**environment_defaults())
     known, _ = parser.parse_known_args(argv)
     if known.load_hf is not None:
         defaults = t5_train_defaults if is_hf_t5_directory(known.load_hf) else hf_train_defaults
         for values in defaults(known.load_hf).values():
             parser.set_defaults(**values)
+    elif known.load is not None:
+        check_load_path(known.load)
+        for values in checkpoint_train_defaults(known.load).values():
+            parser.set_defaults(**values)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse ``argv`` (default: the command line), then train or launch the workers that do."""
+    """Parse ``argv`` (default: the command line), then train or launch the workers that do.
+
+    Ctrl-C and SIGTERM end it with one line and exit code 130 / 143 (`run_command`); checkpoints are
+    written under temporary names, so the last complete one is what stays.
+    """
+    return run_command(PROG, lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     try:
+        argv = argv_with_config_file(argv, build_parser())
         parser = _parser_for(argv)
     except REPORTED_ERRORS as error:
         _fail(str(error))
@@ -133,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_USAGE
+    rank = int(os.environ.get("RANK", "0"))
+    _setup_logging(rank)
+    if rank == 0:
+        _warn_about(config)
     num_processes = config.launch.num_gpus_per_node * config.launch.num_nodes
     if num_processes == 1 or under_launcher():
         return _run(config)
@@ -143,14 +175,26 @@ def main(argv: list[str] | None = None) -> int:
     except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_ERROR
-    _setup_logging(0)
     try:
         with _quiet_launcher_logs():
             launch(config.launch, _worker, config)
     except ChildFailedError as error:
         _fail(_failure_message(error))
         return EXIT_ERROR
+    except SignalException as error:  # the launcher's own SIGTERM/SIGINT handler: the workers are stopped
+        raise Interrupted(error.sigval) from None
+    except REPORTED_ERRORS as error:  # the nodes never met (a rendezvous timeout)
+        _fail(str(error))
+        return EXIT_ERROR
     return 0
+
+
+def _warn_about(config: TrainConfig) -> None:
+    """Settings that are valid but probably not what was meant: one warning line each."""
+    if config.logging.eval_iters > 0 and config.data.split_is_empty("valid"):
+        logger.warning("warning: --split %s gives the valid split no data, so no evaluation runs "
+                       "(--eval-interval %d has no effect); set --eval-iters 0 to say so",
+                       config.data.split, config.logging.eval_interval)
 
 
 @contextlib.contextmanager
@@ -158,14 +202,14 @@ def _quiet_launcher_logs() -> Iterator[None]:
     """Hide the launcher's own tracebacks of a failed worker: `main` reports the failure in one line.
     (An unexpected exception still prints its traceback from the worker itself.)"""
     loggers = [logging.getLogger(name) for name in LAUNCHER_LOGGERS]
-    levels = [logger.level for logger in loggers]
-    for logger in loggers:
-        logger.setLevel(logging.CRITICAL)
+    levels = [launcher_logger.level for launcher_logger in loggers]
+    for launcher_logger in loggers:
+        launcher_logger.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        for logger, level in zip(loggers, levels):
-            logger.setLevel(level)
+        for launcher_logger, level in zip(loggers, levels):
+            launcher_logger.setLevel(level)
 
 
 if __name__ == "__main__":  # torchrun --nproc-per-node N -m trainer.cli ...

@@ -1,8 +1,10 @@
 """Command-line flags generated from the `TrainConfig` dataclasses.
 
 Every field ``foo_bar`` of a section becomes ``--foo-bar`` (plus the aliases given with
-`trainer.config.flag`); its help text is the docstring written under the field. Booleans are
-switches, ``list`` fields take one or more values, ``X | None`` fields default to None.
+`trainer.config.flag`); its help text is the docstring written under the field, followed by the
+field's valid range and the environment variables that give its default. Booleans are switches,
+``list`` fields take one or more values, ``X | None`` fields default to None. ``--config FILE.yaml``
+(`trainer.config_file`) reads flags from a file.
 """
 
 from __future__ import annotations
@@ -11,11 +13,16 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import textwrap
 import typing
+from collections.abc import Mapping
 from typing import Any
 
+from indexed_dataset.cli_parser import CommandParser
 from trainer.config import TrainConfig
+from trainer.config_file import CONFIG_FLAG
+from trainer.errors import TrainConfigError
 
 
 def _field_docstrings(cls: type) -> dict[str, str]:
@@ -46,10 +53,23 @@ def _sections() -> list[tuple[str, type]]:
     return [(f.name, hints[f.name]) for f in dataclasses.fields(TrainConfig)]
 
 
+def _help(f: dataclasses.Field, doc: str) -> str:
+    """The field's docstring, then its valid range and the environment variables behind its default."""
+    text = " ".join(doc.split())
+    if f.metadata.get("valid") is not None:
+        text += f" Valid: {f.metadata['valid']}."
+    if f.metadata.get("env"):
+        variables = ", else ".join(f"${name}" for name in f.metadata["env"])
+        text += f" Default: {variables}, else {f.default}."
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     """An argparse parser with one argument group per `TrainConfig` section."""
-    parser = argparse.ArgumentParser(prog="train", description="Train a GPT or a T5 on tokenmill data.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = CommandParser(prog="train", description="Train a GPT or a T5 on tokenmill data.")
+    parser.add_argument(CONFIG_FLAG, dest="config_file", metavar="FILE.yaml",
+                        help="YAML mapping of flag names (with - or _) to values; flags on the command line "
+                             "override the file")
     for section_name, section_cls in _sections():
         group = parser.add_argument_group(section_name, section_cls.__doc__)
         docs = _field_docstrings(section_cls)
@@ -60,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
             # Field names are unique across sections, so they are the destinations (and error messages
             # naming a field can be rewritten as its flag, see `trainer.cli_flags`).
             kwargs: dict[str, Any] = {"dest": f.name, "default": default,
-                                      "help": docs.get(f.name, "")}
+                                      "help": _help(f, docs.get(f.name, ""))}
             kind = _scalar_type(hints[f.name])
             if kind is bool:
                 group.add_argument(*names, action="store_true", **kwargs)
@@ -70,6 +90,35 @@ def build_parser() -> argparse.ArgumentParser:
             group.add_argument(*names, type=kind, nargs=f.metadata.get("nargs"),
                                choices=f.metadata.get("choices"), **kwargs)
     return parser
+
+
+def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, Any]:
+    """Field name -> default taken from the launch variables of CPM-Pretrain's and LiBai's scripts
+    (``GPUS_PER_NODE``, ``NNODES``/``NODE``, ``NODE_RANK``, ``MASTER_ADDR``/``ADDR``, ``MASTER_PORT``/``PORT``)
+    that are set; flags still win.
+
+    Raises:
+        TrainConfigError: a variable's value is not of the flag's type, or two variables for one flag disagree.
+    """
+    defaults: dict[str, Any] = {}
+    for _, section_cls in _sections():
+        hints = typing.get_type_hints(section_cls)
+        for f in dataclasses.fields(section_cls):
+            values = {name: environ[name].strip() for name in f.metadata.get("env", ())
+                      if environ.get(name, "").strip()}
+            if not values:
+                continue
+            if len(set(values.values())) > 1:
+                given = " and ".join(f"{name}={value}" for name, value in values.items())
+                raise TrainConfigError(f"the environment variables {given} disagree (both set {f.name})")
+            name, value = next(iter(values.items()))
+            kind = _scalar_type(hints[f.name])
+            try:
+                defaults[f.name] = kind(value)
+            except ValueError:
+                raise TrainConfigError(f"the environment variable {name}={value!r} is not a valid {f.name} "
+                                       f"({kind.__name__})") from None
+    return defaults
 
 
 def config_from_args(namespace: argparse.Namespace) -> TrainConfig:

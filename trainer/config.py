@@ -2,8 +2,10 @@
 
 Field names follow Megatron-LM's flags (``num_layers`` is ``--num-layers``). Each field carries a
 one-line docstring; `trainer.cli_args` turns the fields and their docstrings into the ``train`` flags.
-Checks that need only one section live in that section's ``__post_init__``; checks that span sections
-and the world size live in `trainer.parallel_dims.ParallelDims`.
+Every numeric field declares its valid `Range` (``flag(..., valid=...)``), which ``--help`` prints and
+`check_ranges` enforces. Checks that need only one section live in that section's ``__post_init__``;
+checks across sections in `TrainConfig.__post_init__`, and those that need the world size in
+`trainer.parallel_dims.ParallelDims`.
 
 Example:
     >>> cfg = TrainConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -16,9 +18,13 @@ Example:
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+from samplers.errors import SplitFormatError
+from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
+from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_split
 from trainer.errors import TrainConfigError
 
 MODEL_KINDS = ("gpt", "t5")
@@ -28,19 +34,69 @@ FEED_FORWARD_KINDS = ("relu", "gated-gelu")
 DEFAULT_INITIAL_LOSS_SCALE = 2.0**32
 
 
-def flag(default: Any = None, *aliases: str, choices: tuple[str, ...] | None = None, nargs: str | None = None) -> Any:
-    """A dataclass field with extra command-line spellings (``--lr`` also as ``--learning-rate``)."""
-    kwargs: dict[str, Any] = {"metadata": {"aliases": aliases, "choices": choices, "nargs": nargs}}
+@dataclass(frozen=True, slots=True)
+class Range:
+    """The valid values of a numeric field: ``low`` to ``high`` (None: unbounded on that side), each end
+    included unless ``*_open``. Checked by `check_ranges` before anything starts, shown in ``--help``."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def __contains__(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def __str__(self) -> str:
+        low, high = _number(self.low), _number(self.high)
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        if self.low is None:
+            return f"{'<' if self.high_open else '<='} {high}"
+        return f"in {'(' if self.low_open else '['}{low}, {high}{')' if self.high_open else ']'}"
+
+
+def _number(value: float | None) -> str:
+    """``1`` for 1.0, ``4294967295`` for 2**32 - 1 (never 4.29497e+09), ``0.5`` for 0.5."""
+    return str(int(value)) if value is not None and float(value).is_integer() else str(value)
+
+
+AT_LEAST_ONE = Range(1)
+POSITIVE = Range(0, low_open=True)
+NON_NEGATIVE = Range(0)
+PROBABILITY = Range(0, 1, high_open=True)
+"""Dropouts and Adam's betas: 1 would drop everything / never forget."""
+FRACTION = Range(0, 1)
+# numpy's and torch's seeds are unsigned 32-bit (np.random.seed refuses 2**32 and negatives).
+SEED_RANGE = Range(0, 2**32 - 1)
+# 0 = any free port (single node only, checked in LaunchConfig).
+PORT_RANGE = Range(0, 65535)
+# Seconds a node waits at start-up for the others: Megatron's --distributed-timeout-minutes default.
+DEFAULT_DIST_TIMEOUT_S = 600
+
+
+def flag(default: Any = None, *aliases: str, choices: tuple[str, ...] | None = None, nargs: str | None = None,
+         valid: Range | None = None, env: tuple[str, ...] = ()) -> Any:
+    """A dataclass field with extra command-line spellings (``--lr`` also as ``--learning-rate``), its valid
+    range (numbers) and the environment variables that give the ``train`` flag's default (first set wins)."""
+    metadata = {"aliases": aliases, "choices": choices, "nargs": nargs, "valid": valid, "env": env}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), **kwargs)
-    return field(default=default, **kwargs)
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
 
 
-def _require_positive(section: object, *names: str) -> None:
-    for name in names:
-        value = getattr(section, name)
-        if value is not None and value <= 0:
-            raise TrainConfigError(f"{name} must be positive, got {value}")
+def check_ranges(section: object) -> None:
+    """Check every field of ``section`` that declares a valid `Range`.
+
+    Raises:
+        TrainConfigError: the first value outside its range, naming the field.
+    """
+    for f in fields(section):
+        valid, value = f.metadata.get("valid"), getattr(section, f.name)
+        if valid is not None and value is not None and value not in valid:
+            raise TrainConfigError(f"`{f.name}` must be {valid}, got {value}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -49,34 +105,37 @@ class ModelConfig:
 
     model: str = flag("gpt", choices=MODEL_KINDS)
     """Model kind: gpt (decoder only) or t5 (encoder-decoder, span corruption on sentence-split data)."""
-    num_layers: int = 12
+    num_layers: int = flag(12, valid=AT_LEAST_ONE)
     """Number of transformer blocks (T5: encoder blocks)."""
-    hidden_size: int = 768
+    hidden_size: int = flag(768, valid=AT_LEAST_ONE)
     """Width of the residual stream."""
-    num_attention_heads: int = 12
+    num_attention_heads: int = flag(12, valid=AT_LEAST_ONE)
     """Attention heads per block (hidden_size must divide by it)."""
-    ffn_hidden_size: int | None = None
+    ffn_hidden_size: int | None = flag(None, "--ff-hidden-size", valid=AT_LEAST_ONE)
     """Width of the MLP; default 4 x hidden_size."""
-    seq_length: int = 1024
+    seq_length: int = flag(1024, valid=AT_LEAST_ONE)
     """Tokens per training sample."""
-    max_position_embeddings: int | None = None
+    max_position_embeddings: int | None = flag(None, valid=AT_LEAST_ONE)
     """Rows of the learned position table; default seq_length."""
-    vocab_size: int | None = None
+    vocab_size: int | None = flag(None, valid=AT_LEAST_ONE)
     """Vocabulary size before padding; default the tokenizer's."""
-    make_vocab_size_divisible_by: int = 128
+    make_vocab_size_divisible_by: int = flag(128, valid=AT_LEAST_ONE)
     """Pad the vocabulary to a multiple of this times the tensor-parallel size (Megatron)."""
-    hidden_dropout: float = 0.1
+    hidden_dropout: float = flag(0.1, valid=PROBABILITY)
     """Dropout after attention and MLP and on the embeddings."""
-    attention_dropout: float = 0.1
+    attention_dropout: float = flag(0.1, valid=PROBABILITY)
     """Dropout on the attention probabilities."""
-    init_method_std: float = 0.02
+    init_method_std: float = flag(0.02, valid=POSITIVE)
     """Standard deviation of the normal weight init (output projections get std/sqrt(2*layers))."""
-    layernorm_epsilon: float = 1e-5
-    """LayerNorm epsilon."""
+    layernorm_epsilon: float = flag(1e-5, valid=POSITIVE)
+    """LayerNorm epsilon (0 or less divides by zero: NaN loss)."""
+    fused_qkv: bool = flag(False, "--multihead-attention-fusion")
+    """GPT: compute q, k and v with one [3h, h] linear, rows per head (checkpoints keep q, k, v apart)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self, "num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                          "seq_length", "max_position_embeddings", "vocab_size", "make_vocab_size_divisible_by")
+        if self.fused_qkv and self.model != "gpt":
+            raise TrainConfigError(f"fused_qkv applies to model gpt only, not {self.model}")
+        check_ranges(self)
         if self.hidden_size % self.num_attention_heads:
             raise TrainConfigError(f"hidden_size ({self.hidden_size}) is not divisible by "
                                    f"num_attention_heads ({self.num_attention_heads})")
@@ -87,9 +146,6 @@ class ModelConfig:
         if self.max_position_embeddings < self.seq_length:
             raise TrainConfigError(f"max_position_embeddings ({self.max_position_embeddings}) is smaller than "
                                    f"seq_length ({self.seq_length})")
-        for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise TrainConfigError(f"{name} must be in [0, 1), got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,15 +156,15 @@ class DataConfig:
     """Dataset prefix(es) (PREFIX.bin/PREFIX.idx), equal weights (OneFlow spelling)."""
     data_path: list[str] = flag([], nargs="+")
     """Megatron blend: [W1] P1 [W2 P2 ...] (weights optional)."""
-    split: str = "949,50,1"
-    """Train,valid,test proportions of the documents."""
+    split: str = DEFAULT_SPLIT
+    """Train,valid,test proportions of the sequences (Megatron's default)."""
     data_cache_path: str | None = None
     """Directory for the sample index caches; default beside the data."""
-    seed: int = 1234
+    seed: int = flag(1234, valid=SEED_RANGE)
     """Seed of the model init, the data shuffle and dropout."""
     tokenizer_type: str = "GPT2BPETokenizer"
     """Tokenizer kind (for the EOD id and the vocabulary size)."""
-    vocab_file: str | None = None
+    vocab_file: str | None = flag(None, "--vocab")
     """Tokenizer vocabulary file."""
     merge_file: str | None = None
     """BPE merges file."""
@@ -116,8 +172,20 @@ class DataConfig:
     """SentencePiece / HF tokenizer model file."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.dataset and self.data_path:
-            raise TrainConfigError("give either dataset or data_path, not both")
+            raise TrainConfigError("give either `dataset` or `data_path`, not both")
+        # Megatron reads the numbers with [.0-9]+, so "-1,50,51" would silently mean 1,50,51.
+        if re.search(r"-\s*[.0-9]", self.split):
+            raise TrainConfigError(f"`split` entries must be >= 0 with a positive sum, got {self.split!r}")
+        try:
+            parse_split(self.split)
+        except SplitFormatError as error:
+            raise TrainConfigError(str(error)) from None
+
+    def split_is_empty(self, name: str) -> bool:
+        """True when ``split`` gives the split ``name`` (train, valid or test) no share of the data."""
+        return parse_split(self.split)[SPLIT_NAMES.index(name)] == 0
 
     @property
     def blend(self) -> tuple[list[str], list[float] | None]:
@@ -129,7 +197,7 @@ class DataConfig:
         if self.dataset:
             return list(self.dataset), None
         if not self.data_path:
-            raise TrainConfigError("no training data: give dataset or data_path")
+            raise TrainConfigError("no training data: give `dataset` or `data_path`")
         if len(self.data_path) == 1:
             return list(self.data_path), None
         weights, prefixes = self.data_path[0::2], self.data_path[1::2]
@@ -146,13 +214,14 @@ class DataConfig:
 class TrainingConfig:
     """Batch shape, run length, device."""
 
-    micro_batch_size: int = 1
-    """Samples per forward pass on one data-parallel rank."""
-    global_batch_size: int | None = None
+    micro_batch_size: int = flag(1, "--batch-size", valid=AT_LEAST_ONE)
+    """Samples per forward pass on one data-parallel rank (CPM-Pretrain: --batch-size)."""
+    global_batch_size: int | None = flag(None, valid=AT_LEAST_ONE)
     """Samples per optimiser step over all ranks; default micro x dp x accumulation."""
-    num_accumulation_steps: int | None = None
-    """Micro-batches per step per rank; derived from the global batch (accepted if consistent)."""
-    train_iters: int = 100
+    num_accumulation_steps: int | None = flag(None, "--gas", valid=AT_LEAST_ONE)
+    """Micro-batches per step per rank (CPM-Pretrain: --gas); derived from the global batch (accepted if
+    consistent)."""
+    train_iters: int = flag(100, valid=AT_LEAST_ONE)
     """Optimiser steps to train for."""
     device: str | None = flag(None, choices=("cpu", "cuda"))
     """Device kind; default cuda when available."""
@@ -160,7 +229,7 @@ class TrainingConfig:
     """Recompute each block's activations in the backward pass (saves memory)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self, "micro_batch_size", "global_batch_size", "num_accumulation_steps", "train_iters")
+        check_ranges(self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -171,19 +240,21 @@ class PrecisionConfig:
     """Compute in bfloat16."""
     fp16: bool = False
     """Compute in float16 with dynamic loss scaling."""
-    initial_loss_scale: float = DEFAULT_INITIAL_LOSS_SCALE
+    initial_loss_scale: float = flag(DEFAULT_INITIAL_LOSS_SCALE, valid=POSITIVE)
     """fp16: starting loss scale."""
-    loss_scale_window: int = 1000
+    loss_scale_window: int = flag(1000, valid=AT_LEAST_ONE)
     """fp16: steps without overflow before the scale doubles."""
-    hysteresis: int = 2
+    hysteresis: int = flag(2, valid=AT_LEAST_ONE)
     """fp16: overflows tolerated before the scale halves."""
-    min_loss_scale: float = 1.0
+    min_loss_scale: float = flag(1.0, valid=POSITIVE)
     """fp16: the scale never drops below this."""
+    loss_scale: float | None = flag(None, valid=POSITIVE)
+    """fp16: a static loss scale (Megatron's; a positive power of 2 is exact); default: dynamic scaling."""
 
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
             raise TrainConfigError("bf16 and fp16 are mutually exclusive")
-        _require_positive(self, "initial_loss_scale", "loss_scale_window", "hysteresis", "min_loss_scale")
+        check_ranges(self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -192,48 +263,63 @@ class OptimizerConfig:
 
     optimizer: str = flag("adamw", choices=("adamw",))
     """Optimiser (biases and norms get no weight decay)."""
-    lr: float = flag(1e-4, "--learning-rate")
+    lr: float = flag(1e-4, "--learning-rate", valid=POSITIVE)
     """Peak learning rate."""
-    min_lr: float = 0.0
-    """Learning rate at the end of the decay."""
+    min_lr: float = flag(0.0, valid=NON_NEGATIVE)
+    """Learning rate at the end of the decay (at most lr)."""
     lr_decay_style: str = flag("cosine", choices=("constant", "linear", "cosine"))
     """Shape of the decay after warm-up."""
-    lr_decay_iters: int | None = None
+    lr_decay_iters: int | None = flag(None, valid=AT_LEAST_ONE)
     """Steps over which the lr decays; default train_iters."""
-    lr_warmup_iters: int = 0
-    """Linear warm-up steps."""
-    lr_warmup_fraction: float | None = None
-    """Warm-up as a fraction of lr_decay_iters (instead of lr_warmup_iters)."""
-    weight_decay: float = 0.01
+    lr_warmup_iters: int = flag(0, valid=NON_NEGATIVE)
+    """Linear warm-up steps (fewer than the decay steps, as Megatron asserts)."""
+    lr_warmup_fraction: float | None = flag(None, "--warmup", valid=FRACTION)
+    """Warm-up as a fraction of lr_decay_iters, instead of lr_warmup_iters (CPM-Pretrain: --warmup)."""
+    weight_decay: float = flag(0.01, valid=NON_NEGATIVE)
     """AdamW decoupled weight decay."""
-    adam_beta1: float = 0.9
+    adam_beta1: float = flag(0.9, valid=PROBABILITY)
     """AdamW beta1."""
-    adam_beta2: float = 0.999
+    adam_beta2: float = flag(0.999, valid=PROBABILITY)
     """AdamW beta2."""
-    adam_eps: float = 1e-8
+    adam_eps: float = flag(1e-8, valid=POSITIVE)
     """AdamW epsilon."""
-    clip_grad: float = 1.0
+    clip_grad: float = flag(1.0, valid=NON_NEGATIVE)
     """Clip the global gradient norm to this (0 = no clipping)."""
 
     def __post_init__(self) -> None:
+        check_ranges(self)
         if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
             raise TrainConfigError("give either lr_warmup_iters or lr_warmup_fraction, not both")
         if self.min_lr > self.lr:
             raise TrainConfigError(f"min_lr ({self.min_lr}) is larger than lr ({self.lr})")
-        _require_positive(self, "lr", "lr_decay_iters")
+
+    def schedule_iters(self, train_iters: int) -> tuple[int, int]:
+        """Warm-up and decay steps of a ``train_iters``-step run (Megatron's rule).
+
+        Raises:
+            TrainConfigError: the warm-up is not shorter than the decay (Megatron asserts the same).
+        """
+        decay_iters = self.lr_decay_iters or train_iters
+        warmup_iters = self.lr_warmup_iters
+        if self.lr_warmup_fraction is not None:
+            warmup_iters = int(self.lr_warmup_fraction * decay_iters)
+        if warmup_iters and warmup_iters >= decay_iters:
+            raise TrainConfigError(f"the warm-up ({warmup_iters} steps) must be shorter than the decay "
+                                   f"(lr_decay_iters, default train_iters: {decay_iters} steps)")
+        return warmup_iters, decay_iters
 
 
 @dataclass(kw_only=True, slots=True)
 class ParallelismConfig:
     """How the model and the batch are divided over the processes."""
 
-    tensor_model_parallel_size: int = 1
-    """Tensor-parallel degree (heads, MLP and vocabulary sharded)."""
-    pipeline_model_parallel_size: int = 1
-    """Pipeline-parallel degree (layers split into stages)."""
+    tensor_model_parallel_size: int = flag(1, "--model-parallel-size", valid=AT_LEAST_ONE)
+    """Tensor-parallel degree (heads, MLP and vocabulary sharded; CPM-Pretrain: --model-parallel-size)."""
+    pipeline_model_parallel_size: int = flag(1, "--pipe-parallel-size", valid=NON_NEGATIVE)
+    """Pipeline-parallel degree (layers split into stages); 0 means 1, as CPM-Pretrain's --pipe-parallel-size."""
     pipeline_schedule: str = flag("1f1b", choices=("1f1b", "gpipe", "interleaved"))
     """Pipeline schedule."""
-    num_layers_per_virtual_pipeline_stage: int | None = None
+    num_layers_per_virtual_pipeline_stage: int | None = flag(None, valid=AT_LEAST_ONE)
     """Interleaved schedule: layers per model chunk."""
     sequence_parallel: bool = False
     """Shard norms and dropout along the sequence over the tensor-parallel ranks."""
@@ -241,8 +327,9 @@ class ParallelismConfig:
     """Shard parameters, gradients and optimiser state over data-parallel ranks (FSDP2)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self, "tensor_model_parallel_size", "pipeline_model_parallel_size",
-                          "num_layers_per_virtual_pipeline_stage")
+        check_ranges(self)
+        # CPM-Pretrain's pp_size=0 means "no pipeline", as 1 does.
+        self.pipeline_model_parallel_size = max(self.pipeline_model_parallel_size, 1)
         if self.num_layers_per_virtual_pipeline_stage is not None and self.pipeline_schedule != "interleaved":
             raise TrainConfigError("num_layers_per_virtual_pipeline_stage needs pipeline_schedule interleaved")
 
@@ -251,22 +338,24 @@ class ParallelismConfig:
 class LaunchConfig:
     """Processes and nodes (what torchrun would be told)."""
 
-    num_gpus_per_node: int = flag(1, "--nproc-per-node")
+    num_gpus_per_node: int = flag(1, "--nproc-per-node", valid=AT_LEAST_ONE, env=("GPUS_PER_NODE",))
     """Processes per node (GPUs, or CPU processes with device cpu)."""
-    num_nodes: int = 1
+    num_nodes: int = flag(1, valid=AT_LEAST_ONE, env=("NNODES", "NODE"))
     """Number of nodes."""
-    node_rank: int = 0
-    """Rank of this node."""
-    master_addr: str = flag("127.0.0.1", "--node-ips")
+    node_rank: int = flag(0, valid=NON_NEGATIVE, env=("NODE_RANK",))
+    """Rank of this node, below num_nodes."""
+    master_addr: str = flag("127.0.0.1", "--node-ips", env=("MASTER_ADDR", "ADDR"))
     """Address of node 0 (a comma-separated node list: its first entry)."""
-    master_port: int = 29500
+    master_port: int = flag(29500, valid=PORT_RANGE, env=("MASTER_PORT", "PORT"))
     """Rendezvous port on node 0 (0 = any free port, single node only)."""
+    dist_timeout: int = flag(DEFAULT_DIST_TIMEOUT_S, valid=AT_LEAST_ONE)
+    """Seconds each node waits at start-up for the others before giving up with one line."""
 
     def __post_init__(self) -> None:
-        _require_positive(self, "num_gpus_per_node", "num_nodes")
-        if self.master_port < 0 or (self.master_port == 0 and self.num_nodes > 1):
-            raise TrainConfigError(f"master_port must be a port number (0 only on a single node), "
-                                   f"got {self.master_port}")
+        check_ranges(self)
+        if self.master_port == 0 and self.num_nodes > 1:
+            raise TrainConfigError(f"master_port 0 (any free port) works on a single node only, "
+                                   f"not with num_nodes {self.num_nodes}")
         self.master_addr = self.master_addr.split(",")[0].strip()
         if not 0 <= self.node_rank < self.num_nodes:
             raise TrainConfigError(f"node_rank ({self.node_rank}) must be in [0, num_nodes={self.num_nodes})")
@@ -282,32 +371,33 @@ class CheckpointConfig:
     """Directory to resume from (its latest checkpoint; a `convert-checkpoint --from-hf` one starts at step 0)."""
     load_hf: str | None = None
     """Hugging Face GPT-2, T5 or mT5 directory to start from (its shape and tokenizer files become the defaults)."""
-    save_interval: int | None = None
+    save_interval: int | None = flag(None, valid=AT_LEAST_ONE)
     """Save every this many steps (and at the end); default only at the end."""
+    no_verify: bool = False
+    """Load without checking the checkpoint's files against its manifest (checksums written at save)."""
 
     def __post_init__(self) -> None:
-        _require_positive(self, "save_interval")
+        check_ranges(self)
 
 
 @dataclass(kw_only=True, slots=True)
 class LoggingConfig:
     """Log lines, metrics file, evaluation."""
 
-    log_interval: int = 100
+    log_interval: int = flag(100, valid=AT_LEAST_ONE)
     """Log a training line every this many steps."""
-    eval_interval: int = 1000
-    """Evaluate on the valid split every this many steps."""
-    eval_iters: int = 100
+    eval_interval: int = flag(DEFAULT_EVAL_INTERVAL, valid=AT_LEAST_ONE)
+    """Evaluate on the valid split every this many steps (a split without a valid share: never, with a
+    warning)."""
+    eval_iters: int = flag(DEFAULT_EVAL_ITERS, valid=NON_NEGATIVE)
     """Global batches per evaluation (0 = no evaluation)."""
     tensorboard_dir: str | None = None
     """Also write TensorBoard scalars here (needs tensorboard installed)."""
     metrics_file: str | None = None
-    """JSON-lines metrics; default <save>/metrics.jsonl, else ./metrics.jsonl."""
+    """JSON-lines metrics file; default <save>/metrics.jsonl, none without --save."""
 
     def __post_init__(self) -> None:
-        _require_positive(self, "log_interval", "eval_interval")
-        if self.eval_iters < 0:
-            raise TrainConfigError(f"eval_iters must be >= 0, got {self.eval_iters}")
+        check_ranges(self)
         if self.tensorboard_dir is not None and importlib.util.find_spec("tensorboard") is None:
             raise TrainConfigError("tensorboard_dir needs the tensorboard package: pip install tensorboard")
 
@@ -316,39 +406,34 @@ class LoggingConfig:
 class T5Config:
     """T5 span-corruption pre-training (read with model t5; hidden_size, heads, ffn_hidden_size, layers from model)."""
 
-    encoder_seq_length: int = 512
-    """Encoder positions per sample."""
-    decoder_seq_length: int = 128
-    """Decoder positions per sample."""
-    kv_channels: int | None = None
-    """Channels per attention head (T5's d_kv); default hidden_size / num_attention_heads."""
-    decoder_num_layers: int | None = None
+    encoder_seq_length: int = flag(512, "--enc-seq-length", valid=AT_LEAST_ONE)
+    """Encoder positions per sample (CPM-Pretrain: --enc-seq-length)."""
+    decoder_seq_length: int = flag(128, "--dec-seq-length", valid=AT_LEAST_ONE)
+    """Decoder positions per sample (CPM-Pretrain: --dec-seq-length)."""
+    kv_channels: int | None = flag(None, "--kv-hidden-size", valid=AT_LEAST_ONE)
+    """Channels per attention head (T5's d_kv; CPM-Pretrain: --kv-hidden-size); default hidden_size /
+    num_attention_heads."""
+    decoder_num_layers: int | None = flag(None, valid=AT_LEAST_ONE)
     """Decoder blocks; default num_layers (the encoder's)."""
-    vocab_extra_ids: int = 100
+    vocab_extra_ids: int = flag(100, valid=NON_NEGATIVE)
     """Sentinel tokens <extra_id_k> added to a vocabulary that has none."""
     feed_forward_proj: str = flag("relu", choices=FEED_FORWARD_KINDS)
     """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
     untie_embeddings_and_output_weights: bool = False
     """Separate LM head (v1.1, mT5); tied heads scale the decoder output by hidden_size**-0.5 (v1.0)."""
-    relative_attention_num_buckets: int = 32
+    relative_attention_num_buckets: int = flag(32, valid=AT_LEAST_ONE)
     """Relative position buckets of the attention bias (Megatron's and T5's default)."""
-    relative_attention_max_distance: int = 128
+    relative_attention_max_distance: int = flag(128, valid=AT_LEAST_ONE)
     """Distance (positions) beyond which relative positions share the last bucket."""
-    mask_prob: float = 0.15
+    mask_prob: float = flag(0.15, valid=Range(0, 1, low_open=True, high_open=True))
     """Noise density: the fraction of a sample's tokens replaced by spans."""
-    mean_noise_span_length: float = 3.0
+    mean_noise_span_length: float = flag(3.0, valid=Range(1))
     """Average tokens per noise span."""
-    short_seq_prob: float = 0.1
+    short_seq_prob: float = flag(0.1, valid=FRACTION)
     """Probability of a sample with a shorter random target length."""
 
     def __post_init__(self) -> None:
-        for name in ("encoder_seq_length", "decoder_seq_length", "kv_channels", "decoder_num_layers",
-                     "relative_attention_num_buckets", "relative_attention_max_distance"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise TrainConfigError(f"{name} must be >= 1, got {value}")
-        if self.vocab_extra_ids < 0:
-            raise TrainConfigError(f"vocab_extra_ids must be >= 0, got {self.vocab_extra_ids}")
+        check_ranges(self)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -365,3 +450,7 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     t5: T5Config = field(default_factory=T5Config)
+
+    def __post_init__(self) -> None:
+        # Rules across sections that need no world size (those that do: `trainer.parallel_dims`).
+        self.optimizer.schedule_iters(self.training.train_iters)

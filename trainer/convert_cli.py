@@ -1,9 +1,11 @@
-"""``convert-checkpoint``: Hugging Face GPT-2 directories <-> tokenmill checkpoints (local files only).
+"""`convert-checkpoint`: Hugging Face GPT-2, T5 and mT5 directories <-> tokenmill checkpoints (local files only).
 
     # HF -> tokenmill (model only, iteration 0; train --load continues from it)
     convert-checkpoint --from-hf gpt2/ --to checkpoints/gpt2 [--tensor-model-parallel-size 2]
-    # tokenmill -> HF (loads with GPT2LMHeadModel.from_pretrained)
+    convert-checkpoint --from-hf mt5-small/ --to checkpoints/mt5   # config.json model_type t5 or mt5
+    # tokenmill -> HF (loads with GPT2LMHeadModel / T5ForConditionalGeneration .from_pretrained)
     convert-checkpoint --from checkpoints/run1 --to-hf gpt2-run1/
+    convert-checkpoint --from checkpoints/t5-run --to-hf t5-run/     # a train --model t5 checkpoint
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import logging
 import sys
 
+from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.errors import REPORTED_ERRORS
 from trainer.cli_flags import flags_in_message
 from trainer.hf_convert import ConvertCheckpointConfig, convert_checkpoint
@@ -22,14 +25,14 @@ EXIT_USAGE = 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = CommandParser(prog=PROG, description=__doc__)
     hf_in = parser.add_argument_group("import (HF -> tokenmill)")
-    hf_in.add_argument("--from-hf", metavar="DIR", help="local HF GPT-2 directory (config.json + weights)")
+    hf_in.add_argument("--from-hf", metavar="DIR",
+                       help="local HF GPT-2, T5 or mT5 directory (config.json + weights, tokenizer files copied)")
     hf_in.add_argument("--to", metavar="PATH", help="checkpoint root to create")
-    hf_in.add_argument("--make-vocab-size-divisible-by", type=int,
+    hf_in.add_argument("--make-vocab-size-divisible-by", type=int, metavar="N",
                        help="pad the vocabulary as the train run will (default 128)")
-    hf_in.add_argument("--tensor-model-parallel-size", type=int,
+    hf_in.add_argument("--tensor-model-parallel-size", type=int, metavar="N",
                        help="tp degree of the train run that loads it; the padding is a multiple of it (default 1)")
     hf_out = parser.add_argument_group("export (tokenmill -> HF)")
     hf_out.add_argument("--from", dest="from_checkpoint", metavar="PATH",
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
     hf_out.add_argument("--to-hf", metavar="DIR", help="HF directory to write")
     hf_out.add_argument("--num-attention-heads", type=int, help="only for checkpoints without model_config.json")
     hf_out.add_argument("--vocab-size", type=int, help="only for checkpoints without model_config.json")
+    hf_out.add_argument("--no-verify", action="store_true",
+                        help="read the checkpoint without checking its files against the checksums of its manifest")
     return parser
 
 

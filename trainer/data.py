@@ -11,13 +11,16 @@ from __future__ import annotations
 import queue
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from indexed_dataset import data_file_path, index_file_path
+from indexed_dataset import TokenmillError, data_file_path, format_of, index_file_path
 from samplers import DataParallelSampler, GPTDatasetConfig, build_gpt_datasets
+from samplers.errors import EmptySplitError
+from samplers.run_length import EVAL_ITERS_FLAG, RunLength
 from trainer.config import DataConfig
 from trainer.errors import TrainConfigError
 
@@ -73,17 +76,48 @@ def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
 
 
 def check_data_files(data: DataConfig) -> tuple[list[str], list[float] | None]:
-    """The blend's prefixes and weights, after checking that every ``.bin``/``.idx`` exists.
+    """The blend's datasets and weights, after checking that each one's files exist.
+
+    A dataset is any format tokenmill writes: an mmap prefix (its ``.bin`` and ``.idx``), an Arrow
+    ``save_to_disk`` folder or ``.arrow`` file, or a ``.mindrecord`` file.
 
     Raises:
         TrainConfigError: no data given, or a file is missing.
     """
     prefixes, weights = data.blend
     for prefix in prefixes:
-        for path in (data_file_path(prefix), index_file_path(prefix)):
-            if not Path(path).is_file():
+        try:
+            is_mmap = format_of(prefix) == "mmap"
+        except TokenmillError as error:
+            raise TrainConfigError(f"dataset {error}") from None
+        for path in (data_file_path(prefix), index_file_path(prefix)) if is_mmap else (prefix,):
+            if not Path(path).exists():
                 raise TrainConfigError(f"dataset {prefix}: {path} not found")
     return prefixes, weights
+
+
+@contextmanager
+def explained_sample_counts(run: RunLength, split: str) -> Iterator[None]:
+    """Turn a split asked for more samples than it can give into one line naming the flags behind the count.
+
+    Args:
+        run: where the sample counts came from.
+        split: the run's ``--split`` string, quoted in the advice.
+
+    Raises:
+        TrainConfigError: the samplers' EmptySplitError, explained.
+    """
+    try:
+        yield
+    except EmptySplitError as error:
+        if error.split is None:
+            raise TrainConfigError(str(error)) from None
+        if error.split == "train":
+            advice = f"give the train split a share of the data with --split (now {split})"
+        else:
+            advice = (f"give the {error.split} split a share of the data with --split (now {split}; a small "
+                      f"dataset may need e.g. 90,5,5), or set {EVAL_ITERS_FLAG} 0 to skip evaluation")
+        raise TrainConfigError(f"{error} ({run.explain(error.split)}); {advice}") from None
 
 
 def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, sizes: tuple[int, int, int]):
@@ -122,6 +156,25 @@ def step_iterator(dataset, consumed_samples: int, micro_batch_size: int, num_mic
     return step_batches(dataset, sampler, num_microbatches, vocab_size, collate_fn or collate)
 
 
+def check_token_ids(vocab_size: int, *ids: torch.Tensor) -> None:
+    """Every id of a micro-batch lies in [0, vocab_size): an id outside would index past the embedding.
+
+    Checked per micro-batch (one vectorised min and max), not by scanning whole token files at start-up:
+    the check reads only the tokens training uses, and costs nothing on a multi-terabyte int32 corpus.
+
+    Raises:
+        TrainConfigError: a negative id (a signed token file that is damaged or not token ids), or one at
+            or above vocab_size.
+    """
+    smallest = min(int(tensor.min()) for tensor in ids)
+    if smallest < 0:
+        raise TrainConfigError(f"the data holds token id {smallest}, but token ids are >= 0 (a signed token "
+                               "file holding negative values: damaged, or not token ids)")
+    largest = max(int(tensor.max()) for tensor in ids)
+    if largest >= vocab_size:
+        raise TrainConfigError(f"the data holds token id {largest} but vocab_size is {vocab_size}")
+
+
 def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> MicroBatch:
     """Stack samplers' items into a `MicroBatch`.
 
@@ -131,9 +184,7 @@ def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> MicroBatch
     tokens = torch.stack([item["tokens"] for item in items]).long()
     labels = torch.stack([item["labels"] for item in items]).long()
     loss_mask = torch.stack([item["loss_mask"] for item in items])
-    largest = int(max(tokens.max(), labels.max()))
-    if largest >= vocab_size:
-        raise TrainConfigError(f"the data holds token id {largest} but vocab_size is {vocab_size}")
+    check_token_ids(vocab_size, tokens, labels)
     targets = labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
     position_ids = torch.stack([item["position_ids"] for item in items]).long()
     return MicroBatch(tokens=tokens, position_ids=position_ids, targets=targets)

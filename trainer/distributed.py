@@ -3,13 +3,16 @@
 `init_distributed` joins the process group a launcher describes in the environment (torchrun, our
 own `launch`, or a group the caller already initialised) and otherwise runs as one plain process.
 `launch` starts ``nproc_per_node`` workers through torch's elastic agent, which is what torchrun
-does, with a static rendezvous at ``master_addr:master_port``.
+does, with a static rendezvous at ``master_addr:master_port``. Node 0 says how many nodes it waits
+for, the others wait for node 0 to listen; after ``dist_timeout`` seconds either gives up with one line.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,12 +23,12 @@ from torch.distributed.launcher.api import LaunchConfig as ElasticLaunchConfig
 from torch.distributed.launcher.api import elastic_launch
 
 from trainer.config import LaunchConfig
-from trainer.errors import TrainConfigError
+from trainer.errors import RendezvousError, TrainConfigError
 
 logger = logging.getLogger(__name__)
 
-# Seconds a node waits for the others at the rendezvous before failing (torchrun's default is 900).
-RENDEZVOUS_TIMEOUT_S = 300
+# Seconds between two attempts of a node > 0 to reach node 0's rendezvous port.
+CONNECT_RETRY_S = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,14 +89,59 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object) 
     if config.master_port == 0:
         # torchrun --standalone: a c10d store on a free local port.
         rendezvous = {"rdzv_backend": "c10d", "rdzv_endpoint": "localhost:0",
-                      "rdzv_configs": {"timeout": RENDEZVOUS_TIMEOUT_S}}
+                      "rdzv_configs": {"timeout": config.dist_timeout}}
     else:
         rendezvous = {"rdzv_backend": "static", "rdzv_endpoint": f"{config.master_addr}:{config.master_port}",
-                      "rdzv_configs": {"rank": config.node_rank, "timeout": RENDEZVOUS_TIMEOUT_S}}
+                      "rdzv_configs": {"rank": config.node_rank, "timeout": config.dist_timeout}}
     elastic = ElasticLaunchConfig(
         min_nodes=config.num_nodes, max_nodes=config.num_nodes, nproc_per_node=config.num_gpus_per_node,
         run_id=f"tokenmill-{uuid.uuid4().hex[:8]}" if config.num_nodes == 1 else "tokenmill-train",
         max_restarts=0, start_method="spawn", **rendezvous)
     logger.info("launching %d processes on node %d of %d", config.num_gpus_per_node, config.node_rank,
                 config.num_nodes)
-    return elastic_launch(elastic, entrypoint)(*args)
+    if config.num_nodes > 1:
+        _announce_or_await_node_0(config)
+    try:
+        return elastic_launch(elastic, entrypoint)(*args)
+    except dist.DistError as error:  # the rendezvous store timed out: not every node came
+        raise RendezvousError(_rendezvous_failure(config, error)) from None
+
+
+def _endpoint(config: LaunchConfig) -> str:
+    return f"{config.master_addr}:{config.master_port}"
+
+
+def _announce_or_await_node_0(config: LaunchConfig) -> None:
+    """Node 0: say who it waits for. Other nodes: wait until node 0 listens, so that a missing node 0
+    is one line after ``dist_timeout`` seconds (torch's store client would print a C++ stack trace).
+
+    Raises:
+        RendezvousError: node 0 did not listen within ``dist_timeout`` seconds.
+    """
+    others = config.num_nodes - 1
+    if config.node_rank == 0:
+        logger.info("waiting for %d more node%s at %s (giving up after %d s)", others, "s" if others > 1 else "",
+                    _endpoint(config), config.dist_timeout)
+        return
+    logger.info("waiting for node 0 at %s (giving up after %d s)", _endpoint(config), config.dist_timeout)
+    deadline = time.monotonic() + config.dist_timeout
+    while True:
+        try:
+            # Connecting and closing is harmless to the store server: it drops the empty connection.
+            with socket.create_connection((config.master_addr, config.master_port), timeout=CONNECT_RETRY_S):
+                return
+        except OSError:
+            if time.monotonic() >= deadline:
+                raise RendezvousError(f"node 0 did not answer at {_endpoint(config)} within {config.dist_timeout} s "
+                                      f"(dist_timeout): start node 0 (node_rank 0) with the same master_addr "
+                                      f"and master_port") from None
+            time.sleep(CONNECT_RETRY_S)
+
+
+def _rendezvous_failure(config: LaunchConfig, error: Exception) -> str:
+    """One line for a failed rendezvous (on several nodes: a timeout, with torch's count of who joined)."""
+    if config.num_nodes == 1:
+        return f"the rendezvous at {_endpoint(config)} failed: {error}"
+    return (f"the rendezvous at {_endpoint(config)} gave up after {config.dist_timeout} s (dist_timeout): not all "
+            f"{config.num_nodes} nodes came ({error}); start the same command on every node, node_rank 0 to "
+            f"{config.num_nodes - 1}")

@@ -12,3 +12,7 @@ class TrainConfigError(TokenmillError, ValueError):
 
 class CheckpointError(TokenmillError):
     """A checkpoint is missing, incomplete, or does not fit the model being trained."""
+
+
+class RendezvousError(TokenmillError):
+    """The nodes of a multi-node run did not all meet at start-up within the rendezvous timeout."""

@@ -45,6 +45,8 @@ class GenerateConfig:
 
     load: str
     """A tokenmill checkpoint (root or iter_XXXXXXX directory) or a local HF GPT-2 directory."""
+    no_verify: bool = False
+    """Load without checking the checkpoint's files against its manifest (checksums written at save)."""
     prompts: list[str] = field(default_factory=list)
     """Prompt texts (need a tokenizer)."""
     prompt_ids: list[list[int]] = field(default_factory=list)
@@ -113,12 +115,12 @@ def _resolve_source(path: str, tp: int) -> _Source:
     return _Source(root, model.shape, model.vocab_size, model.eod_id, iteration)
 
 
-def _load_weights(model: ShardedGPT, source: _Source) -> None:
+def _load_weights(model: ShardedGPT, source: _Source, verify: bool) -> None:
     if source.iteration is None:
         load_hf_weights(model.named_parameters(), source.directory, source.shape)
         return
     load_checkpoint(source.directory, source.iteration,
-                    {MODEL_PREFIX + name: p.detach() for name, p in model.named_parameters()})
+                    {MODEL_PREFIX + name: p.detach() for name, p in model.named_parameters()}, verify=verify)
 
 
 def left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -231,7 +233,7 @@ def _generate_here(config: GenerateConfig, plan: GenerationPlan, device_type: st
     """This rank's share: its data-parallel replica's prompts, then every replica's results."""
     layout, prompt_ids = plan.layout, plan.prompt_ids
     model = ShardedGPT(plan.source.shape, plan.source.vocab_size, layout, layout.build_mesh(device_type), device)
-    _load_weights(model, plan.source)
+    _load_weights(model, plan.source, verify=not config.no_verify)
     model.finish_loading()
     generator = torch.Generator(device=device).manual_seed(config.seed)
     mine = list(range(model.dp_rank, len(prompt_ids), layout.dp))

@@ -27,6 +27,7 @@ from pathlib import Path
 import torch
 from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
 from trainer.cli_flags import flags_in_message
@@ -43,11 +44,12 @@ DEFAULT_MASTER_PORT = 29500
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=PROG, description="Continue prompts with a GPT or T5 checkpoint, or a HF "
-                                                             "GPT-2 / T5 / mT5 directory.",
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = CommandParser(prog=PROG, description="Continue prompts with a GPT or T5 checkpoint, or a HF GPT-2 / "
+                                                  "T5 / mT5 directory.")
     parser.add_argument("--load", required=True,
                         help="checkpoint root, iter_XXXXXXX directory, or HF GPT-2 / T5 / mT5 directory")
+    parser.add_argument("--no-verify", action="store_true",
+                        help="load without checking the checkpoint's files against the checksums of its manifest")
     prompts = parser.add_argument_group("prompts (any mix; texts first, then id prompts)")
     prompts.add_argument("--prompt", action="append", default=[], help="a prompt text (repeatable)")
     prompts.add_argument("--prompt-file", help="a file with one prompt text per line (empty lines skipped)")
@@ -55,9 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "(repeatable)")
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    sampling.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this")
+    sampling.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this (> 0)")
     sampling.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
-    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass (1 = all)")
+    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (1 = all)")
     sampling.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt at most")
     sampling.add_argument("--seed", type=int, default=1234, help="seed of the sampling generator")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
@@ -67,7 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     layout.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel degree")
     layout.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline-parallel degree")
     layout.add_argument("--nproc-per-node", type=int, default=1, help="processes to start on this node")
-    layout.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT, help="rendezvous port")
+    layout.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT,
+                        help="rendezvous port on this machine, with --nproc-per-node > 1")
     layout.add_argument("--device", choices=("cpu", "cuda"), help="default cuda when available")
     return parser
 
@@ -101,7 +104,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[GenerateConfig, LaunchCo
             raise ValueError(f"{', '.join(given) or '--tokenizer-hf-no-include-special-tokens'} needs --tokenizer-type")
     prompts = [*args.prompt, *(_read_prompt_file(args.prompt_file) if args.prompt_file else [])]
     sampling = SamplingConfig(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    config = GenerateConfig(load=args.load, prompts=prompts, prompt_ids=[_parse_ids(t) for t in args.prompt_ids],
+    config = GenerateConfig(load=args.load, no_verify=args.no_verify, prompts=prompts, prompt_ids=[_parse_ids(t) for t in args.prompt_ids],
                             tokenizer=tokenizer_config_from_args(args), sampling=sampling,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size,
                             tensor_model_parallel_size=args.tensor_model_parallel_size,
@@ -178,6 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             failed = sorted(failure.rank for failure in error.failures.values())
             if 0 not in failed:
                 _fail(f"worker rank(s) {failed} failed; see their output above")
+            return EXIT_ERROR
+        except REPORTED_ERRORS as error:  # the rendezvous failed (its port taken)
+            _fail(str(error))
             return EXIT_ERROR
     for completion in completions:
         print(format_completion(completion, args.json))

@@ -52,7 +52,12 @@ from trainer.hf_gpt2 import check_hf_config, hf_config_from_shape, shape_from_hf
 from trainer.hf_t5 import is_hf_t5_directory
 from trainer.model import GPT, GPTShape
 from trainer.parallel_dims import pad_vocab_size
-from trainer.t5_convert import export_t5_checkpoint, import_hf_t5_checkpoint, read_t5_model_config
+from trainer.t5_convert import (
+    export_t5_checkpoint,
+    import_hf_t5_checkpoint,
+    read_t5_model_config,
+    t5_shape_defaults,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -81,6 +86,8 @@ class ConvertCheckpointConfig:
     """Export of a checkpoint without model_config.json: its head count."""
     vocab_size: int | None = None
     """Export of a checkpoint without model_config.json: its real vocabulary size."""
+    no_verify: bool = False
+    """Load without checking the checkpoint's files against its manifest (checksums written at save)."""
 
     def __post_init__(self) -> None:
         importing = self.from_hf is not None or self.to is not None
@@ -111,7 +118,10 @@ class CheckpointModel:
 def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
     """Write ``model_config.json`` into a checkpoint root (call on one rank)."""
     Path(root).mkdir(parents=True, exist_ok=True)
-    write_json(Path(root) / MODEL_CONFIG_FILE, {"shape": dataclasses.asdict(model.shape),
+    # The checkpoint's tensors are unfused whatever the run computed with (`trainer.fused_qkv`), so the
+    # fusion switch is the saving run's, not the checkpoint's: it is left out.
+    shape = {name: value for name, value in dataclasses.asdict(model.shape).items() if name != "fused_qkv"}
+    write_json(Path(root) / MODEL_CONFIG_FILE, {"shape": shape,
                                                 "vocab_size": model.vocab_size, "eod_id": model.eod_id})
 
 
@@ -152,11 +162,29 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
 
 def model_config_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
     """The `trainer.config.ModelConfig` fields that a (checked) HF GPT-2 config fixes (for ``train --load-hf``)."""
-    shape = shape_from_hf_config(hf_config)
+    return _model_fields(shape_from_hf_config(hf_config), hf_config["vocab_size"])
+
+
+def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
+    """The `trainer.config.ModelConfig` fields that rebuild ``shape`` over a real vocabulary of ``vocab_size``."""
     return {"num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
             "num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
-            "max_position_embeddings": shape.max_position_embeddings, "vocab_size": hf_config["vocab_size"],
+            "max_position_embeddings": shape.max_position_embeddings, "vocab_size": vocab_size,
             "layernorm_epsilon": shape.layernorm_epsilon}
+
+
+def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """Defaults that ``train --load ROOT`` takes from a checkpoint root, by `TrainConfig` section: the model
+    of its ``model_config.json`` (GPT or T5) and its tokenizer files. {} for a root without a model config
+    (an empty directory: training starts from scratch)."""
+    t5 = read_t5_model_config(root)
+    if t5 is not None:
+        return {**t5_shape_defaults(t5["shape"], t5["vocab_size"]), **tokenizer_train_defaults(root)}
+    model = read_model_config(root)
+    if model is None:
+        return {}
+    return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size)},
+            **tokenizer_train_defaults(root)}
 
 
 def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -172,9 +200,9 @@ def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     return {"model": model_config_from_hf(_checked_config(hf_dir)), **tokenizer_train_defaults(hf_dir)}
 
 
-def is_model_only_checkpoint(root: str | os.PathLike, iteration: int) -> bool:
+def is_model_only_checkpoint(root: str | os.PathLike, iteration: int, verify: bool = True) -> bool:
     """True for a checkpoint holding ``model.*`` tensors only (what `import_hf_checkpoint` writes)."""
-    saved = SafeFileSystemReader(checkpoint_dir(root, iteration)).read_metadata().state_dict_metadata
+    saved = SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata
     return all(name.startswith(MODEL_PREFIX) for name in saved)
 
 
@@ -216,18 +244,19 @@ def import_hf_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike,
 
 
 def parameter_shapes(shape: GPTShape) -> dict[str, torch.Size]:
-    """Name -> shape of every parameter of ``GPT(shape)`` (the tied head once), built on the meta device."""
+    """Name -> shape of every parameter of ``GPT(shape)`` (the tied head once), built on the meta device,
+    in the checkpoint layout (q, k and v apart, also for a fused ``shape``)."""
     with torch.device("meta"):
-        model = GPT(shape)
+        model = GPT(shape.unfused())
     return {name: p.shape for name, p in model.named_parameters()}
 
 
 def _infer_model(root: Path, iteration: int, num_attention_heads: int | None,
-                 vocab_size: int | None) -> CheckpointModel:
+                 vocab_size: int | None, verify: bool) -> CheckpointModel:
     """The model of a checkpoint without ``model_config.json``: sizes from the tensors, the rest from the caller."""
     if num_attention_heads is None or vocab_size is None:
         raise CheckpointError(f"{root} has no {MODEL_CONFIG_FILE}: give num_attention_heads and vocab_size")
-    saved = SafeFileSystemReader(checkpoint_dir(root, iteration)).read_metadata().state_dict_metadata
+    saved = SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata
     sizes = {name.removeprefix(MODEL_PREFIX): tuple(meta.size) for name, meta in saved.items()
              if name.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
     try:
@@ -245,22 +274,22 @@ def _infer_model(root: Path, iteration: int, num_attention_heads: int | None,
 
 
 def checkpoint_model(path: str | os.PathLike, num_attention_heads: int | None = None,
-                     vocab_size: int | None = None) -> tuple[Path, int, CheckpointModel]:
+                     vocab_size: int | None = None, verify: bool = True) -> tuple[Path, int, CheckpointModel]:
     """Root, iteration and model of a tokenmill checkpoint (``model_config.json``, else the given sizes)."""
     root, iteration = resolve_checkpoint(path)
-    model = read_model_config(root) or _infer_model(root, iteration, num_attention_heads, vocab_size)
+    model = read_model_config(root) or _infer_model(root, iteration, num_attention_heads, vocab_size, verify)
     return root, iteration, model
 
 
-def read_checkpoint_state(root: Path, iteration: int, shape: GPTShape) -> dict[str, torch.Tensor]:
+def read_checkpoint_state(root: Path, iteration: int, shape: GPTShape, verify: bool = True) -> dict[str, torch.Tensor]:
     """The full model parameters of a checkpoint, in this process (resharded from any saved layout)."""
     state = {MODEL_PREFIX + name: torch.empty(size) for name, size in parameter_shapes(shape).items()}
-    load_checkpoint(root, iteration, state)
+    load_checkpoint(root, iteration, state, verify=verify)
     return {name.removeprefix(MODEL_PREFIX): t for name, t in state.items()}
 
 
 def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num_attention_heads: int | None = None,
-                         vocab_size: int | None = None) -> Path:
+                         vocab_size: int | None = None, verify: bool = True) -> Path:
     """Write a tokenmill checkpoint as a ``GPT2LMHeadModel`` directory (config.json + model.safetensors).
 
     Args:
@@ -268,6 +297,7 @@ def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num
         hf_dir: output directory; tokenizer files found in the checkpoint root are copied into it.
         num_attention_heads: needed only when the root has no ``model_config.json``.
         vocab_size: likewise (the real vocabulary size; padded rows are dropped).
+        verify: check the checkpoint's files against its manifest first.
 
     Returns:
         ``hf_dir``.
@@ -275,8 +305,8 @@ def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num
     Raises:
         CheckpointError: no checkpoint, or its tensors do not fit the model.
     """
-    root, iteration, model = checkpoint_model(path, num_attention_heads, vocab_size)
-    state = read_checkpoint_state(root, iteration, model.shape)
+    root, iteration, model = checkpoint_model(path, num_attention_heads, vocab_size, verify)
+    state = read_checkpoint_state(root, iteration, model.shape, verify)
     tensors = state_to_hf(state, model.shape.num_layers, model.vocab_size)
     config = hf_config_from_shape(model.shape, model.vocab_size, model.eod_id)
     return write_hf_directory(hf_dir, config, tensors, tokenizer_source=root)
@@ -329,5 +359,6 @@ def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:
                                     config.tensor_model_parallel_size or 1)
     root, iteration = resolve_checkpoint(config.from_checkpoint)
     if read_t5_model_config(root) is not None:
-        return export_t5_checkpoint(root, iteration, config.to_hf)
-    return export_hf_checkpoint(config.from_checkpoint, config.to_hf, config.num_attention_heads, config.vocab_size)
+        return export_t5_checkpoint(root, iteration, config.to_hf, verify=not config.no_verify)
+    return export_hf_checkpoint(config.from_checkpoint, config.to_hf, config.num_attention_heads, config.vocab_size,
+                                verify=not config.no_verify)

@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import logging
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -22,6 +24,7 @@ import safetensors
 import safetensors.torch
 import torch
 
+from indexed_dataset.permissions import give_default_permissions
 from preprocess.tokenizers import TokenizerConfig
 from trainer.hf_gpt2 import HFConversionError
 
@@ -41,6 +44,8 @@ T5_SPIECE = "spiece.model"
 TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, "tokenizer_config.json",
                    "special_tokens_map.json")
 TEMP_SUFFIX = ".tmp"
+# The global named in torch's refusal of a pickle that is not weights-only ("... GLOBAL posix.system ...").
+_REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+)")
 
 
 def is_hf_directory(path: str | os.PathLike) -> bool:
@@ -77,6 +82,12 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise HFConversionError(f"{path}: not found") from None
+    except pickle.UnpicklingError as error:
+        # torch's message advises loading with weights_only=False, which would run the file's code: never.
+        found = _REFUSED_GLOBAL.search(str(error))
+        what = f"it refers to {found.group(1)}" if found else "it holds objects other than tensors"
+        raise HFConversionError(f"{path}: refused, not a weights-only file ({what}); "
+                                "convert it to model.safetensors where it came from") from None
     except (OSError, RuntimeError, ValueError, EOFError, safetensors.SafetensorError) as error:
         raise HFConversionError(f"{path}: cannot read weights ({str(error).splitlines()[0]})") from None
 
@@ -111,6 +122,7 @@ def _replace_atomically(path: Path, write) -> None:
     temp = path.with_name(path.name + TEMP_SUFFIX)
     try:
         write(temp)
+        give_default_permissions(temp)  # safetensors writes its files 0600
         os.replace(temp, path)
     finally:
         temp.unlink(missing_ok=True)

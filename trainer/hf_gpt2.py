@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from trainer.errors import CheckpointError
+from trainer.fused_qkv import fuse_state
 from trainer.model import GPTShape
 
 GPT2_MODEL_TYPE = "gpt2"
@@ -147,7 +148,7 @@ def state_from_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any], shap
 
     Returns:
         Parameter name -> tensor, the names of ``GPT(shape).named_parameters()`` (the tied head is
-        ``tok_embeddings.weight``).
+        ``tok_embeddings.weight``; with ``shape.fused_qkv`` one ``wqkv`` per block, rows per head).
 
     Raises:
         HFConversionError: a weight is missing, has another shape, or is not a GPT-2 weight.
@@ -184,6 +185,9 @@ def state_from_hf(tensors: dict[str, torch.Tensor], config: dict[str, Any], shap
         for index, part in enumerate(("wq", "wk", "wv")):
             state[f"layers.{i}.attention.{part}.weight"] = qkv_weight[:, index * h:(index + 1) * h].t()
             state[f"layers.{i}.attention.{part}.bias"] = qkv_bias[index * h:(index + 1) * h]
+    if shape.fused_qkv:
+        # c_attn stacks q | k | v; our fused rows go per head, so split first and fuse our way.
+        state = fuse_state(state, shape.num_attention_heads)
     return {name: t.contiguous().clone() for name, t in state.items()}
 
 
@@ -191,7 +195,8 @@ def state_to_hf(state: dict[str, torch.Tensor], num_layers: int, vocab_size: int
     """Our parameters -> ``GPT2LMHeadModel`` tensors (``transformer.``-prefixed, tied head left out).
 
     Args:
-        state: parameter name -> full (unsharded) tensor, as ``GPT.named_parameters()``.
+        state: parameter name -> full (unsharded) tensor, as ``GPT.named_parameters()`` of an unfused
+            GPT (what checkpoints hold; a fused state is split first with `trainer.fused_qkv.split_qkv`).
         num_layers: number of blocks.
         vocab_size: the real vocabulary size; padded embedding rows beyond it are dropped.
     """

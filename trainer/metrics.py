@@ -98,26 +98,60 @@ class TrainStats:
         return line
 
 
-class MetricsWriter:
-    """Writes log lines, JSON lines and TensorBoard scalars on rank 0; does nothing elsewhere."""
+def _drop_records_after(path: Path, iteration: int) -> None:
+    """Rewrite the JSON-lines file ``path`` (if it exists) without its records of later iterations."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    kept = [line for line in lines if _record_iteration(line) <= iteration]
+    if len(kept) == len(lines):
+        return
+    temp = path.with_name(path.name + ".tmp")
+    temp.write_text("".join(kept), encoding="utf-8")
+    os.replace(temp, path)
+    logger.info("%s: dropped %d records after iteration %d (redone by this run)", path, len(lines) - len(kept),
+                iteration)
 
-    def __init__(self, metrics_file: str | os.PathLike, tensorboard_dir: str | None, is_rank0: bool) -> None:
+
+def _record_iteration(line: str) -> int:
+    """The ``iteration`` of one JSON-lines record; a line that is not one is kept (-1)."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return -1
+    value = record.get("iteration") if isinstance(record, dict) else None
+    return value if isinstance(value, int) else -1
+
+
+class MetricsWriter:
+    """Writes log lines, JSON lines and TensorBoard scalars on rank 0; does nothing elsewhere.
+
+    The JSON-lines file (none when ``metrics_file`` is None) continues the run's history: records of
+    iterations after ``start_iteration`` (the resumed checkpoint's; 0 from scratch), which the run is
+    about to redo, are dropped, so a resumed run never repeats a line.
+    """
+
+    def __init__(self, metrics_file: str | os.PathLike | None, tensorboard_dir: str | None, is_rank0: bool,
+                 start_iteration: int = 0) -> None:
         self.enabled = is_rank0
         self._file = None
         self._tensorboard = None
         if not self.enabled:
             return
-        path = Path(metrics_file)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = path.open("a", encoding="utf-8")
+        if metrics_file is not None:
+            path = Path(metrics_file)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            _drop_records_after(path, start_iteration)
+            self._file = path.open("a", encoding="utf-8")
         if tensorboard_dir is not None:
             from torch.utils.tensorboard import SummaryWriter  # imported only when asked: optional package
 
             self._tensorboard = SummaryWriter(tensorboard_dir)
 
     def _write(self, record: dict) -> None:
-        self._file.write(json.dumps(record) + "\n")
-        self._file.flush()
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+            self._file.flush()
 
     def train(self, stats: TrainStats) -> None:
         if not self.enabled:

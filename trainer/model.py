@@ -6,17 +6,20 @@ Written to be split and sharded by PyTorch's own tools:
   every tensor/pipeline layout (``layers.3.attention.wq.weight``) and checkpoints reshard;
 - ``tok_embeddings``, ``pos_embeddings``, ``norm`` and ``output`` may be None in a pipeline stage
   that does not own them, and `GPT.forward` skips what is missing;
-- q, k and v are separate linears and attention infers the local head count from the shape, so
+- q, k and v are separate linears, or with ``fused_qkv`` one ``wqkv`` linear whose output rows are
+  laid out per head (`trainer.fused_qkv`); attention infers the local head count from the shape, so
   column-parallel sharding keeps whole heads on each tensor-parallel rank.
 
 Names map one-to-one onto Hugging Face ``GPT2LMHeadModel`` (``tok_embeddings`` = ``wte``,
 ``pos_embeddings`` = ``wpe``, ``attention_norm`` = ``ln_1``, ``wq|wk|wv`` = ``c_attn`` split in three
-and transposed, ``wo`` = ``attn.c_proj``, ``ffn_norm`` = ``ln_2``, ``w1``/``w2`` = ``mlp.c_fc``/
-``mlp.c_proj`` transposed, ``norm`` = ``ln_f``, ``output`` = ``lm_head``).
+and transposed (``wqkv`` holds the same rows reordered per head), ``wo`` = ``attn.c_proj``,
+``ffn_norm`` = ``ln_2``, ``w1``/``w2`` = ``mlp.c_fc``/``mlp.c_proj`` transposed, ``norm`` = ``ln_f``,
+``output`` = ``lm_head``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -24,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
+
+from trainer.fused_qkv import FUSED_WEIGHT, QKV, fuse_qkv
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +45,13 @@ class GPTShape:
     attention_dropout: float = 0.0
     init_method_std: float = 0.02
     layernorm_epsilon: float = 1e-5
+    fused_qkv: bool = False
+    """One [3h, h] q/k/v projection instead of three [h, h] ones (compute layout only: checkpoints and
+    Hugging Face files hold q, k and v apart either way)."""
+
+    def unfused(self) -> GPTShape:
+        """This shape with q, k and v apart: the layout of checkpoints and HF conversion."""
+        return dataclasses.replace(self, fused_qkv=False)
 
 
 class Attention(nn.Module):
@@ -49,9 +61,13 @@ class Attention(nn.Module):
         super().__init__()
         h = shape.hidden_size
         self.head_dim = h // shape.num_attention_heads
-        self.wq = nn.Linear(h, h)
-        self.wk = nn.Linear(h, h)
-        self.wv = nn.Linear(h, h)
+        self.fused_qkv = shape.fused_qkv
+        if self.fused_qkv:
+            self.wqkv = nn.Linear(h, QKV * h)
+        else:
+            self.wq = nn.Linear(h, h)
+            self.wk = nn.Linear(h, h)
+            self.wv = nn.Linear(h, h)
         self.wo = nn.Linear(h, h)
         self.attention_dropout = shape.attention_dropout
 
@@ -64,7 +80,12 @@ class Attention(nn.Module):
         """
         batch, seq, _ = x.shape
         # -1 heads: under tensor parallelism each rank holds hidden/tp columns = heads/tp whole heads.
-        q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        if self.fused_qkv:
+            # One GEMM; its output columns are [local heads, 3, head_dim] (`trainer.fused_qkv`).
+            qkv = self.wqkv(x).view(batch, seq, -1, QKV, self.head_dim)
+            q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
+        else:
+            q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         dropout = self.attention_dropout if self.training else 0.0
         if kv_cache is None:
             out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
@@ -136,7 +157,14 @@ class GPT(nn.Module):
         stand-in for a sharded one): N(0, std), std/sqrt(2 L) for the residual output projections,
         norms at 1, biases at 0."""
         std = self.shape.init_method_std
-        if name.endswith(("norm.weight",)):
+        if name.endswith(FUSED_WEIGHT):
+            # Drawn as the unfused wq, wk, wv would be, one after the other, then reordered per head: a
+            # fused run starts from exactly the unfused run's weights (one [3h, h] draw would not be the
+            # concatenation of three [h, h] draws on every device).
+            h = self.shape.hidden_size
+            parts = [torch.empty(h, h, device=tensor.device).normal_(0.0, std) for _ in range(QKV)]
+            tensor.copy_(fuse_qkv(*parts, num_heads=self.shape.num_attention_heads))
+        elif name.endswith(("norm.weight",)):
             tensor.fill_(1.0)
         elif name.endswith(".bias"):
             tensor.zero_()

@@ -56,10 +56,7 @@ class LRSchedule:
 
     @classmethod
     def from_config(cls, config: OptimizerConfig, train_iters: int) -> LRSchedule:
-        decay_iters = config.lr_decay_iters or train_iters
-        warmup = config.lr_warmup_iters
-        if config.lr_warmup_fraction is not None:
-            warmup = int(config.lr_warmup_fraction * decay_iters)
+        warmup, decay_iters = config.schedule_iters(train_iters)
         return cls(max_lr=config.lr, min_lr=config.min_lr, warmup_iters=warmup, decay_iters=decay_iters,
                    style=config.lr_decay_style)
 
@@ -82,16 +79,21 @@ def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
 
 
 class LossScaler:
-    """fp16 dynamic loss scaling (Megatron's DynamicGradScaler); a constant 1 when disabled.
+    """fp16 loss scaling: Megatron's DynamicGradScaler, or its ConstantGradScaler when ``loss_scale`` is
+    given; a constant 1 without fp16.
 
     The loss is multiplied by ``scale`` before backward; the caller divides the gradients by it and
-    reports whether their global norm was finite. An overflow skips the step and, after ``hysteresis``
-    overflows, halves the scale (never below ``min_scale``); ``window`` clean steps double it.
+    reports whether their global norm was finite. An overflow skips the step (also with a static scale)
+    and, when dynamic, after ``hysteresis`` overflows halves the scale (never below ``min_scale``);
+    ``window`` clean steps double it.
     """
 
     def __init__(self, config: PrecisionConfig) -> None:
-        self.enabled = config.fp16
-        self.scale = config.initial_loss_scale if self.enabled else 1.0
+        self.enabled = config.fp16 and config.loss_scale is None
+        if config.fp16:
+            self.scale = config.loss_scale if config.loss_scale is not None else config.initial_loss_scale
+        else:
+            self.scale = 1.0
         self.min_scale = config.min_loss_scale
         self.window = config.loss_scale_window
         self.hysteresis = config.hysteresis

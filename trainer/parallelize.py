@@ -29,7 +29,7 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     """Shard heads, MLP and vocabulary over ``tp_mesh`` in place.
 
     The embeddings are vocab- (and position-) parallel (`RowwiseParallel` on an ``nn.Embedding``
-    shards its rows), q/k/v and the first MLP linear are column-parallel, the attention and MLP
+    shards its rows), q/k/v (or the fused wqkv) and the first MLP linear are column-parallel, the attention and MLP
     output projections row-parallel. The output head is column-parallel over the vocabulary and
     returns a DTensor sharded on its last dim, to be consumed under ``loss_parallel``. With
     ``sequence_parallel`` the norms and the residual stream between blocks are sharded along the
@@ -45,11 +45,12 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     if model.output is not None:
         plan["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
     parallelize_module(model, tp_mesh, plan)
+    # The fused projection's rows are per head ([heads, 3, head_dim], `trainer.fused_qkv`), so sharding its
+    # dim 0 like wq's gives each rank the q, k and v rows of the same heads.
+    qkv = ("attention.wqkv",) if model.shape.fused_qkv else ("attention.wq", "attention.wk", "attention.wv")
     for block in model.layers.values():
         block_plan: dict[str, object] = {
-            "attention.wq": ColwiseParallel(),
-            "attention.wk": ColwiseParallel(),
-            "attention.wv": ColwiseParallel(),
+            **{name: ColwiseParallel() for name in qkv},
             "attention.wo": RowwiseParallel(output_layouts=residual),
             "feed_forward.w1": ColwiseParallel(),
             "feed_forward.w2": RowwiseParallel(output_layouts=residual),

@@ -22,6 +22,7 @@ from torch.distributed.tensor.parallel import loss_parallel
 from trainer.checkpoint import copy_into_parameter
 from trainer.config import ParallelismConfig
 from trainer.data import IGNORE_INDEX, MicroBatch
+from trainer.fused_qkv import from_checkpoint, is_fused_name, to_checkpoint
 from trainer.grads import sync_tied_embedding_grad
 from trainer.model import GPT, GPTShape
 from trainer.parallel_dims import ParallelDims
@@ -167,6 +168,22 @@ class ParallelModel:
             full_model.init_parameter(name, full)
             for param in local.get(name, ()):
                 copy_into_parameter(param, full)
+
+    # -- checkpoints --------------------------------------------------------------------------------------
+
+    def checkpoint_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """``state`` (a run's checkpoint tensors: ``model.<name>``, ``optim.<name>.<key>``, ...) under the
+        names checkpoints hold, q, k and v apart (`trainer.fused_qkv.to_checkpoint`); ``state`` itself when
+        the model has no fused projection. Collective under tensor parallelism and FSDP2."""
+        if not any(is_fused_name(name) for name in state):
+            return state
+        return to_checkpoint(state, self.shape.num_attention_heads)
+
+    def restore_checkpoint_state(self, loaded: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
+        """After loading a checkpoint into ``loaded = checkpoint_state(state)``: fuse its q, k and v tensors
+        back into ``state`` (the parameters and optimiser state) in place. Collective as `checkpoint_state`."""
+        if loaded is not state:
+            from_checkpoint(loaded, state, self.shape.num_attention_heads)
 
     def norm_parameters(self) -> list[nn.Parameter]:
         """Parameters counted in the global gradient norm: the tied copy of a later stage is left out."""

@@ -109,7 +109,7 @@ def import_hf_t5_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike, 
     return save_checkpoint(root, IMPORTED_ITERATION, state)
 
 
-def load_t5_checkpoint(root: Path, iteration: int) -> tuple[T5, dict]:
+def load_t5_checkpoint(root: Path, iteration: int, verify: bool = True) -> tuple[T5, dict]:
     """The `T5` of iteration ``iteration`` of a T5 checkpoint root (padding rows dropped), and its
     `read_t5_model_config`.
 
@@ -122,7 +122,7 @@ def load_t5_checkpoint(root: Path, iteration: int) -> tuple[T5, dict]:
     with torch.device("meta"):
         names = {name: p.shape for name, p in T5(info["shape"]).named_parameters()}
     state = {MODEL_PREFIX + name: torch.empty(shape) for name, shape in names.items()}
-    load_checkpoint(root, iteration, state)
+    load_checkpoint(root, iteration, state, verify=verify)
     vocab_size = info["vocab_size"]
     model = T5(dataclasses.replace(info["shape"], vocab_size=vocab_size))
     trimmed = {name.removeprefix(MODEL_PREFIX): (t[:vocab_size] if name.removeprefix(MODEL_PREFIX) in VOCAB_ROWS
@@ -132,13 +132,13 @@ def load_t5_checkpoint(root: Path, iteration: int) -> tuple[T5, dict]:
     return model, info
 
 
-def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike) -> Path:
+def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike, verify: bool = True) -> Path:
     """Write iteration ``iteration`` of a T5 checkpoint root as a HF T5/mT5 directory (padding rows dropped).
 
     Raises:
         CheckpointError: the root is not a T5 checkpoint, or its tensors do not fit its model config.
     """
-    model, info = load_t5_checkpoint(root, iteration)
+    model, info = load_t5_checkpoint(root, iteration, verify)
     return save_hf_t5(model, hf_dir, info["model_type"], info["eos_id"], info["pad_id"], tokenizer_source=root)
 
 
@@ -154,17 +154,21 @@ def t5_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict]:
         HFConversionError: the directory is not a T5/mT5.
     """
     shape = load_hf_t5(hf_dir).shape
-    defaults = {
+    return {**t5_shape_defaults(shape, shape.vocab_size), **tokenizer_train_defaults(hf_dir)}
+
+
+def t5_shape_defaults(shape: T5Shape, vocab_size: int) -> dict[str, dict]:
+    """The `TrainConfig` fields, by section, that rebuild ``shape`` over a real vocabulary of ``vocab_size``."""
+    return {
         "model": {"model": T5_MODEL, "num_layers": shape.num_encoder_layers, "hidden_size": shape.d_model,
                   "num_attention_heads": shape.num_heads, "ffn_hidden_size": shape.d_ff,
-                  "vocab_size": shape.vocab_size, "layernorm_epsilon": shape.layer_norm_epsilon},
+                  "vocab_size": vocab_size, "layernorm_epsilon": shape.layer_norm_epsilon},
         "t5": {"kv_channels": shape.d_kv, "decoder_num_layers": shape.num_decoder_layers,
                "feed_forward_proj": shape.feed_forward,
                "untie_embeddings_and_output_weights": not shape.tie_word_embeddings,
                "relative_attention_num_buckets": shape.relative_attention_num_buckets,
                "relative_attention_max_distance": shape.relative_attention_max_distance},
     }
-    return {**defaults, **tokenizer_train_defaults(hf_dir)}
 
 
 def load_hf_t5_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: str | os.PathLike,

@@ -15,8 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.data import IGNORE_INDEX
-from trainer.errors import TrainConfigError
+from trainer.data import IGNORE_INDEX, check_token_ids
 
 
 @dataclass(slots=True)
@@ -45,9 +44,7 @@ def collate_t5(items: list[dict[str, torch.Tensor]], vocab_size: int) -> T5Micro
         TrainConfigError: a token id does not fit the model's vocabulary.
     """
     stack = {key: torch.stack([item[key] for item in items]) for key in items[0]}
-    largest = int(max(stack["encoder_input_ids"].max(), stack["labels"].max()))
-    if largest >= vocab_size:
-        raise TrainConfigError(f"the data holds token id {largest} but vocab_size is {vocab_size}")
+    check_token_ids(vocab_size, stack["encoder_input_ids"], stack["labels"])
     return T5MicroBatch(encoder_input_ids=stack["encoder_input_ids"], decoder_input_ids=stack["decoder_input_ids"],
                         encoder_attention_mask=stack["encoder_attention_mask"],
                         targets=stack["labels"].masked_fill(stack["loss_mask"] == 0, IGNORE_INDEX))

@@ -109,7 +109,7 @@ def is_t5_source(path: str) -> bool:
     return read_t5_model_config(root) is not None
 
 
-def _load_source(path: str) -> _T5Source:
+def _load_source(path: str, verify: bool) -> _T5Source:
     if is_hf_t5_directory(path):
         hf_config = read_hf_config(path)
         model = load_hf_t5(path)
@@ -117,7 +117,7 @@ def _load_source(path: str) -> _T5Source:
         return _T5Source(model, eos_id, pad_id, hf_config.get("decoder_start_token_id", pad_id),
                          hf_config.get("vocab_size", model.shape.vocab_size), Path(path))
     root, iteration = resolve_checkpoint(path)
-    model, info = load_t5_checkpoint(root, iteration)
+    model, info = load_t5_checkpoint(root, iteration, verify)
     # T5 starts decoding with the pad id (HF's decoder_start_token_id), as export writes it.
     return _T5Source(model, info["eos_id"], info["pad_id"], info["pad_id"], info["vocab_size"], root)
 
@@ -138,7 +138,7 @@ def generate_t5(config: GenerateConfig) -> list[Completion]:
     """
     if config.tensor_model_parallel_size * config.pipeline_model_parallel_size != 1:
         raise TrainConfigError("T5 generation runs in one process: tensor/pipeline parallel sizes must be 1")
-    source = _load_source(config.load)
+    source = _load_source(config.load, verify=not config.no_verify)
     eos_id, pad_id, start_id, vocab_size = source.eos_id, source.pad_id, source.start_id, source.vocab_size
     tokenizer_config = config.tokenizer or tokenizer_config_for_directory(source.directory)
     if config.prompts and tokenizer_config is None:

@@ -22,9 +22,24 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from trainer.checkpoint import latest_iteration, load_checkpoint, save_checkpoint
+from samplers.run_length import RunLength
+from trainer.checkpoint import (
+    check_load_path,
+    latest_iteration,
+    load_checkpoint,
+    save_checkpoint,
+    vocab_row_names,
+)
 from trainer.config import TrainConfig
-from trainer.data import Prefetcher, Vocabulary, build_datasets, collate, resolve_vocabulary, step_iterator
+from trainer.data import (
+    Prefetcher,
+    Vocabulary,
+    build_datasets,
+    collate,
+    explained_sample_counts,
+    resolve_vocabulary,
+    step_iterator,
+)
 from trainer.distributed import DistContext, init_distributed, resolve_device_type
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
 from trainer.hf_convert import (
@@ -45,9 +60,9 @@ from trainer.metrics import (
 from trainer.model import GPT, GPTShape
 from trainer.optim import LossScaler, LRSchedule, build_optimizer, init_optimizer_state, set_lr
 from trainer.parallel_dims import ParallelDims, pad_vocab_size, resolve_parallel_dims
-from trainer.runner import ParallelModel
+from trainer.runner import TIED_WEIGHT_NAME, ParallelModel
 from trainer.t5_config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
-from trainer.t5_convert import T5_MODEL, load_hf_t5_weights, save_t5_model_config
+from trainer.t5_convert import T5_MODEL, VOCAB_ROWS, load_hf_t5_weights, save_t5_model_config
 from trainer.t5_data import collate_t5
 from trainer.t5_model import T5
 from trainer.t5_runner import ParallelT5
@@ -55,6 +70,8 @@ from trainer.t5_runner import ParallelT5
 logger = logging.getLogger(__name__)
 
 METRICS_FILE_NAME = "metrics.jsonl"
+# The GPT parameters whose rows are the padded vocabulary: the embedding and an untied head.
+GPT_VOCAB_ROWS = (TIED_WEIGHT_NAME, "output.weight")
 # Megatron seeds each pipeline stage differently so dropout masks differ between stages.
 PIPELINE_SEED_STRIDE = 100
 
@@ -81,7 +98,8 @@ def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
                     ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.max_position_embeddings,
                     padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
                     hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
-                    init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon)
+                    init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon,
+                    fused_qkv=m.fused_qkv)
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -106,6 +124,7 @@ class _Run:
 
     def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
         self.config, self.ctx = config, ctx
+        check_load_path(config.checkpoint.load)
         # Everything that can fail on bad input happens before the first collective (mesh creation).
         self.is_t5 = config.model.model == "t5"
         if self.is_t5:
@@ -115,26 +134,29 @@ class _Run:
         else:
             self.vocabulary = resolve_vocabulary(config.data, config.model.vocab_size)
         self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size)
-        gbs = self.dims.global_batch_size
-        evals = config.logging.eval_iters * gbs
-        sizes = (config.training.train_iters * gbs, evals, evals)
+        # Megatron's split sizes: the validation split holds every evaluation's own samples.
+        self.run_length = RunLength(train_iters=config.training.train_iters,
+                                    global_batch_size=self.dims.global_batch_size,
+                                    eval_interval=config.logging.eval_interval, eval_iters=config.logging.eval_iters)
+        sizes = self.run_length.sizes()
         if self.is_t5:
             self.shape = t5_shape(config.model, config.t5, self.vocabulary.size, self.dims.tp)
-            self.train_ds, self.valid_ds, self.test_ds = build_t5_training_datasets(config.data, config.t5, special,
-                                                                                    sizes)
+            with explained_sample_counts(self.run_length, config.data.split):
+                self.train_ds, self.valid_ds, self.test_ds = build_t5_training_datasets(config.data, config.t5,
+                                                                                        special, sizes)
             self.collate, model_class = collate_t5, ParallelT5
             self.tokens_per_sample = config.t5.encoder_seq_length + config.t5.decoder_seq_length
         else:
             self.shape = model_shape(config, self.vocabulary.size, self.dims.tp)
-            self.train_ds, self.valid_ds, self.test_ds = build_datasets(config.data, config.model.seq_length,
-                                                                        self.vocabulary, sizes)
+            with explained_sample_counts(self.run_length, config.data.split):
+                self.train_ds, self.valid_ds, self.test_ds = build_datasets(config.data, config.model.seq_length,
+                                                                            self.vocabulary, sizes)
             self.collate, model_class = collate, ParallelModel
             self.tokens_per_sample = config.model.seq_length
         self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
         coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
         self.dp_rank = coords["dp"]
-        precision = config.precision
-        autocast = torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else None
+        autocast = _autocast_dtype(config, ctx.device, ctx.rank)
         self.model = model_class(self.shape, self.dims, self.mesh, config.parallelism, ctx.device, config.data.seed,
                                    config.training.checkpoint_activations, autocast)
         # The HF model type a T5 checkpoint records (t5 or mt5), for `convert-checkpoint --to-hf`.
@@ -150,12 +172,14 @@ class _Run:
         self.optimizer = build_optimizer(self.model.named_parameters(), config.optimizer,
                                          foreach=False if uses_dtensors else None)
         self.lr_schedule = LRSchedule.from_config(config.optimizer, config.training.train_iters)
-        self.scaler = LossScaler(precision)
+        self.scaler = LossScaler(config.precision)
         self.iteration = self.consumed_samples = self.skipped = 0
         if config.checkpoint.load is not None:
             self._load()
-        metrics_file = config.logging.metrics_file or str(Path(config.checkpoint.save or ".") / METRICS_FILE_NAME)
-        self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0)
+        metrics_file = config.logging.metrics_file
+        if metrics_file is None and config.checkpoint.save is not None:
+            metrics_file = str(Path(config.checkpoint.save) / METRICS_FILE_NAME)
+        self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0, self.iteration)
         self.flops_per_token = (t5_flops_per_token(self.shape, config.t5.encoder_seq_length,
                                                    config.t5.decoder_seq_length) if self.is_t5
                                 else model_flops_per_token(self.shape, config.model.seq_length))
@@ -191,28 +215,37 @@ class _Run:
             save_model_config(root, CheckpointModel(self.shape, self.vocabulary.size, self.vocabulary.eod_id))
         if self.ctx.rank == 0 and self.config.checkpoint.load_hf is not None:
             copy_tokenizer_files(self.config.checkpoint.load_hf, root)
-        save_checkpoint(root, self.iteration, self._state())
+        save_checkpoint(root, self.iteration, self.model.checkpoint_state(self._state()))
 
     def _load(self) -> None:
         root = self.config.checkpoint.load
         iteration = latest_iteration(root)
         if iteration is None:
-            logger.warning("no checkpoint in %s: training from scratch", root)
+            if self.ctx.rank == 0:  # every rank finds the same directory empty: say it once
+                logger.warning("no checkpoint in %s: training from scratch", root)
             return
         with torch.device("meta"):
-            full_model = T5(self.shape) if self.is_t5 else GPT(self.shape)
+            # Checkpoints hold q, k and v apart whether or not this run fuses them (`trainer.fused_qkv`).
+            full_model = T5(self.shape) if self.is_t5 else GPT(self.shape.unfused())
             model_names = frozenset(f"model.{name}" for name, _ in full_model.named_parameters())
-        if is_model_only_checkpoint(root, iteration):
+        verify = not self.config.checkpoint.no_verify
+        if is_model_only_checkpoint(root, iteration, verify):
             # `convert-checkpoint --from-hf` writes weights only: the optimiser and counters start fresh.
             model_state = {k: v for k, v in self._state().items() if k.startswith(MODEL_PREFIX)}
-            load_checkpoint(root, iteration, model_state, model_names=model_names)
+            saved_state = self.model.checkpoint_state(model_state)
+            load_checkpoint(root, iteration, saved_state, model_names=model_names, verify=verify,
+                            vocab_rows=self._vocab_rows(saved_state))
+            self.model.restore_checkpoint_state(saved_state, model_state)
             if self.ctx.rank == 0:
                 logger.info("starting from the model weights of %s (iteration %d)", root, iteration)
             return
         init_optimizer_state(self.optimizer)
         state = self._state()
         rng_names = frozenset(name for name in state if name.startswith("rng."))
-        loaded = load_checkpoint(root, iteration, state, optional=rng_names, model_names=model_names)
+        saved_state = self.model.checkpoint_state(state)
+        loaded = load_checkpoint(root, iteration, saved_state, optional=rng_names, model_names=model_names,
+                                 verify=verify, vocab_rows=self._vocab_rows(saved_state))
+        self.model.restore_checkpoint_state(saved_state, state)
         self.iteration = int(state["train.iteration"])
         self.consumed_samples = int(state["train.consumed_samples"])
         self.skipped = int(state["train.skipped_iterations"])
@@ -224,6 +257,10 @@ class _Run:
                 torch.cuda.set_rng_state(state[name], self.ctx.device)
         if self.ctx.rank == 0:
             logger.info("resuming from iteration %d (%d samples consumed)", self.iteration, self.consumed_samples)
+
+    def _vocab_rows(self, state: dict[str, torch.Tensor]) -> frozenset[str]:
+        """The checkpoint names whose rows are the padded vocabulary (re-padded when the layout changed)."""
+        return vocab_row_names(state, VOCAB_ROWS if self.is_t5 else GPT_VOCAB_ROWS)
 
     # -- steps ------------------------------------------------------------------------------------------
 
@@ -239,16 +276,27 @@ class _Run:
             self.optimizer.step()
         else:
             self.skipped += 1
+            if self.ctx.rank == 0:
+                logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
+                               self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
         loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
         return loss, norm
 
-    def evaluate(self, dataset, split: str) -> float | None:
-        """Mean loss over ``eval_iters`` global batches of ``dataset`` (from its first sample)."""
+    def evaluate(self, dataset, split: str, first_sample: int = 0) -> float | None:
+        """Mean loss over ``eval_iters`` global batches of ``dataset``, from sample ``first_sample`` on.
+
+        Validation follows Megatron's single valid iterator: each evaluation reads the samples after the
+        previous ones', so the one at step k starts at ``run_length.consumed_valid_samples(k - 1)`` and the
+        one after training at ``consumed_valid_samples(train_iters)`` (a function of the step, so a resumed
+        run continues where Megatron's rebuilt iterator does). When train_iters is a multiple of
+        eval_interval, Megatron evaluates twice after the last step; we run only the second of the two.
+        The test split is read once, from its start.
+        """
         if dataset is None or self.config.logging.eval_iters == 0:
             return None
-        batches = step_iterator(dataset, 0, self.dims.micro_batch_size, self.dims.num_microbatches, self.dp_rank,
-                                self.dims.dp, self.vocabulary.size, self.collate)
+        batches = step_iterator(dataset, first_sample, self.dims.micro_batch_size, self.dims.num_microbatches,
+                                self.dp_rank, self.dims.dp, self.vocabulary.size, self.collate)
         self.model.set_train(False)
         self.model.loss_scale = 1.0
         total = 0.0
@@ -275,7 +323,9 @@ class _Run:
                 microbatches = [mb.to(self.ctx.device) for mb in next(batches)]
                 data_time = time.perf_counter() - start
                 self.iteration += 1
-                lr = self.lr_schedule(self.iteration)
+                # As Megatron, the schedule advances only after a step that was taken: after a skipped fp16
+                # step (overflow) the next step runs at the same learning rate.
+                lr = self.lr_schedule(self.iteration - self.skipped)
                 set_lr(self.optimizer, lr)
                 loss, norm = self._step(microbatches)
                 self.consumed_samples += gbs
@@ -286,7 +336,7 @@ class _Run:
                     self.writer.train(self._stats(window, lr))
                     window = _Window()
                 if self.iteration % cfg.logging.eval_interval == 0 and self.iteration < train_iters:
-                    self.evaluate(self.valid_ds, "valid")
+                    self.evaluate(self.valid_ds, "valid", self.run_length.consumed_valid_samples(self.iteration - 1))
                 if cfg.checkpoint.save and cfg.checkpoint.save_interval and \
                         self.iteration % cfg.checkpoint.save_interval == 0 and self.iteration < train_iters:
                     self._save()
@@ -294,8 +344,10 @@ class _Run:
             batches.close()
         if cfg.checkpoint.save and self.iteration > result.iteration:
             self._save()
-        for split, dataset in (("valid", self.valid_ds), ("test", self.test_ds)):
-            loss = self.evaluate(dataset, split)
+        final_evaluations = (("valid", self.valid_ds, self.run_length.consumed_valid_samples(self.iteration)),
+                             ("test", self.test_ds, 0))
+        for split, dataset, first_sample in final_evaluations:
+            loss = self.evaluate(dataset, split, first_sample)
             if loss is not None:
                 result.eval_losses[split] = loss
         self.writer.close()
@@ -314,6 +366,22 @@ class _Run:
             data_ms_per_iteration=1000 * window.data_seconds / window.count, tokens_per_second=tokens_per_second,
             tflops_per_device=flops_per_device / 1e12,
             mfu=flops_per_device / self.peak_flops if self.peak_flops else None)
+
+
+def _autocast_dtype(config: TrainConfig, device: torch.device, rank: int) -> torch.dtype | None:
+    """The autocast dtype of ``--bf16``/``--fp16``; None computes in fp32.
+
+    ``--fp16`` on a CPU computes in fp32 (CPU kernels have no fast float16 path, and fp16 overflows would
+    skip most steps of a short run), with fp16's loss scaling still applied, so logs and checkpoints
+    look like a GPU run's; a power-of-2 scale makes the losses exactly fp32's.
+    """
+    precision = config.precision
+    if precision.fp16 and device.type == "cpu":
+        if rank == 0:
+            logger.warning("--fp16 on a CPU: computing in float32 (loss scaling still applies); use --bf16 for "
+                           "reduced precision on a CPU")
+        return None
+    return torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else None
 
 
 @dataclass(slots=True)

@@ -67,6 +67,8 @@ class Tokenizer(abc.ABC):
     vocab_size: int
     pad: int | None = None
     _eod: int | None = None
+    eod_missing: str = "the tokenizer defines no end-of-document token (eod)"
+    """Why there is no eod, and what to give for one: the message of `eod` when `_eod` is None."""
 
     @property
     def eod(self) -> int:
@@ -76,7 +78,7 @@ class Tokenizer(abc.ABC):
             TokenizerError: the tokenizer defines no end-of-document token.
         """
         if self._eod is None:
-            raise TokenizerError(f"{type(self).__name__} has no end-of-document token (eod)")
+            raise TokenizerError(self.eod_missing)
         return self._eod
 
     @abc.abstractmethod

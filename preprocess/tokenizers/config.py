@@ -18,6 +18,7 @@ TOKENIZER_OPTIONS: dict[str, tuple[str, ...]] = {
     "NullTokenizer": ("vocab_size",),
 }
 TOKENIZER_TYPES = tuple(TOKENIZER_OPTIONS)
+BERT_TOKENIZER_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
 _OPTION_FIELDS = ("vocab_file", "merge_file", "tokenizer_model", "vocab_size")
 
 
@@ -36,7 +37,11 @@ class TokenizerConfig:
     vocab_size: int | None = None
     """NullTokenizer's vocabulary size; its eod id is vocab_size - 1."""
     tokenizer_hf_include_special_tokens: bool = True
-    """HuggingFaceTokenizer: add the tokenizer's own special tokens (e.g. BOS), as Megatron does."""
+    """HuggingFaceTokenizer: add the tokenizer's own special tokens (e.g. BOS), as Megatron does.
+    Also accepted (as False) with the BERT tokenizers, which add none unless asked (next field)."""
+    tokenizer_bert_include_special_tokens: bool = False
+    """BertWordPieceLowerCase/Case: wrap every text in [CLS] ... [SEP], reproducing the bytes of Megatron
+    HEAD (megatron-core tokenizers). Off by default: Megatron's BertDataset/T5Dataset add them again."""
 
     def __post_init__(self) -> None:
         required = TOKENIZER_OPTIONS.get(self.tokenizer_type)
@@ -48,8 +53,14 @@ class TokenizerConfig:
                 raise ValueError(f"{self.tokenizer_type} needs {name}")
             if name not in required and value is not None:
                 raise ValueError(f"{name} is not used by {self.tokenizer_type}")
-        if not self.tokenizer_hf_include_special_tokens and self.tokenizer_type != "HuggingFaceTokenizer":
-            raise ValueError("tokenizer_hf_include_special_tokens=False only applies to HuggingFaceTokenizer")
+        bert = self.tokenizer_type in BERT_TOKENIZER_TYPES
+        if not self.tokenizer_hf_include_special_tokens and not (bert or self.tokenizer_type == "HuggingFaceTokenizer"):
+            raise ValueError("tokenizer_hf_include_special_tokens=False only applies to HuggingFaceTokenizer and "
+                             f"{' and '.join(BERT_TOKENIZER_TYPES)}")
+        if self.tokenizer_bert_include_special_tokens and not bert:
+            raise ValueError(f"tokenizer_bert_include_special_tokens only applies to {' and '.join(BERT_TOKENIZER_TYPES)}")
+        if self.tokenizer_bert_include_special_tokens and not self.tokenizer_hf_include_special_tokens:
+            raise ValueError("tokenizer_bert_include_special_tokens contradicts tokenizer_hf_include_special_tokens=False")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
 

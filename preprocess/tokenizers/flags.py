@@ -9,7 +9,8 @@ from .config import TOKENIZER_TYPES, TokenizerConfig, dataclass_from_args
 
 def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """Add `--tokenizer-type`, `--vocab-file` (alias `--vocab`), `--merge-file`, `--tokenizer-model`,
-    `--vocab-size` and `--tokenizer-hf-no-include-special-tokens` to `parser`."""
+    `--vocab-size`, `--tokenizer-hf-no-include-special-tokens` and `--tokenizer-bert-include-special-tokens`
+    to `parser`."""
     group = parser.add_argument_group("tokenizer")
     group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, required=required, help="tokenizer kind")
     group.add_argument("--vocab-file", "--vocab", dest="vocab_file", help="GPT-2 vocab.json or BERT vocab.txt")
@@ -20,7 +21,15 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
         "--tokenizer-hf-no-include-special-tokens",
         dest="tokenizer_hf_include_special_tokens",
         action="store_false",
-        help="HuggingFaceTokenizer: do not add the tokenizer's special tokens (e.g. BOS) to every text",
+        help="HuggingFaceTokenizer: do not add the tokenizer's special tokens (e.g. BOS) to every text; "
+             "BertWordPiece*: accepted, and already the default (no [CLS]/[SEP])",
+    )
+    group.add_argument(
+        "--tokenizer-bert-include-special-tokens",
+        action="store_true",
+        help="BertWordPiece*: wrap every document (every sentence with --split-sentences) in [CLS] ... [SEP], "
+             "the bytes of Megatron HEAD's megatron-core tokenizers (default: no wrapping, as Megatron's "
+             "BertDataset/T5Dataset add them themselves)",
     )
 
 

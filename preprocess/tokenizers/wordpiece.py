@@ -1,7 +1,8 @@
 """Megatron's BertWordPieceLowerCase / BertWordPieceCase: BERT WordPiece from a `vocab.txt`.
 
-Ids are BertTokenizerFast's without special tokens (Megatron's `tokenize`); the uncased variant
-lower-cases and strips accents. BERT has no end-of-document token, so eod is `[SEP]`, the token that
+Ids are BertTokenizerFast's without special tokens (Megatron's legacy `tokenize`; megatron-core's
+tokenizers at Megatron HEAD wrap each text in [CLS] ... [SEP], which `add_special_tokens` reproduces);
+the uncased variant lower-cases and strips accents. BERT has no end-of-document token, so eod is `[SEP]`, the token that
 separates segments in BERT's own inputs.
 """
 
@@ -19,7 +20,7 @@ from .files import require_file
 class WordPieceTokenizer(Tokenizer):
     """BERT WordPiece through Hugging Face `tokenizers` (its batch encode is parallel in Rust)."""
 
-    def __init__(self, vocab_file: str, lower_case: bool) -> None:
+    def __init__(self, vocab_file: str, lower_case: bool, add_special_tokens: bool = False) -> None:
         require_file(vocab_file, "WordPiece vocab file")
         try:
             self.backend = BertWordPieceTokenizer(vocab_file, lowercase=lower_case)
@@ -28,15 +29,16 @@ class WordPieceTokenizer(Tokenizer):
         self.vocab_size = self.backend.get_vocab_size()
         self._eod = self.backend.token_to_id("[SEP]")
         self.pad = self.backend.token_to_id("[PAD]")
+        self.add_special_tokens = add_special_tokens
 
     def encode(self, text: str) -> list[int]:
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids
 
     def decode(self, ids) -> str:
         return self.backend.decode(np.asarray(ids).tolist())
 
     def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
-        return encode_batch_hf(self.backend, texts, add_special_tokens=False)
+        return encode_batch_hf(self.backend, texts, add_special_tokens=self.add_special_tokens)
 
 
 def encode_batch_hf(backend, texts: pa.Array | list[str], add_special_tokens: bool) -> RaggedTokens:

@@ -2,7 +2,6 @@
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -169,7 +168,6 @@ def test_foreign_and_damaged_files_raise_one_clear_error(tmp_path):
 
 
 # ------------------------------------------------------------------ older datasets releases (slow)
-VENV_ROOT = Path(os.environ.get("TOKENMILL_TEST_VENVS", Path.home() / ".cache" / "tokenmill-test-venvs"))
 OLD_RELEASES = {
     # datasets 2.19 predates numpy 2 and was checked with pyarrow 15.
     "2.19.2": ["datasets==2.19.2", "pyarrow==15.0.2", "numpy<2"],
@@ -189,17 +187,13 @@ print("read", len(loaded), "rows with datasets", datasets.__version__)
 """
 
 
-def release_python(version: str) -> Path:
-    """The Python of a venv holding datasets==`version` (built once, reused), or skip if pip fails."""
-    root = VENV_ROOT / f"datasets-{version}"
-    python, marker = root / "bin" / "python", root / ".installed"
-    if marker.exists():
-        return python
-    shutil.rmtree(root, ignore_errors=True)
+def release_python(version: str, root: Path) -> Path:
+    """The Python of a new venv at ``root`` holding datasets==`version`, or skip if pip fails."""
+    python = root / "bin" / "python"
     subprocess.run([sys.executable, "-m", "venv", str(root)], check=True)
     try:
         result = subprocess.run(
-            [str(python), "-m", "pip", "install", "--quiet", *OLD_RELEASES[version]],
+            [str(python), "-m", "pip", "install", "--quiet", "--no-cache-dir", *OLD_RELEASES[version]],
             capture_output=True, text=True, timeout=PIP_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired:
@@ -207,7 +201,6 @@ def release_python(version: str) -> Path:
     if result.returncode:
         last_line = (result.stderr.strip().splitlines() or ["no output"])[-1]
         pytest.skip(f"pip cannot install {' '.join(OLD_RELEASES[version])} (registry unreachable?): {last_line}")
-    marker.touch()
     return python
 
 
@@ -215,7 +208,7 @@ def release_python(version: str) -> Path:
 @pytest.mark.timeout(2 * PIP_TIMEOUT_S)
 @pytest.mark.parametrize("version", sorted(OLD_RELEASES))
 def test_older_datasets_releases_read_the_directory(version, saved, documents, tmp_path):
-    python = release_python(version)
+    python = release_python(version, tmp_path / "venv")
     shards = sorted(os.path.join(saved, n) for n in os.listdir(saved) if n.endswith(".arrow"))
     expected = tmp_path / "expected.json"
     expected.write_text(

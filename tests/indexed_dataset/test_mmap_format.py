@@ -226,17 +226,29 @@ def test_damaged_headers_are_refused_with_the_problem(small, offset, data, messa
         IndexedDataset(str(small))
 
 
-def test_validate_finds_a_pointer_that_disagrees_with_the_lengths(small):
+def test_opening_finds_a_pointer_that_disagrees_with_the_lengths(small):
     corrupt(f"{small}.idx", 34 + 12 + 8, struct.pack("<q", 2))  # sequence 1 should point at byte 6
-    ds = IndexedDataset(str(small))
-    with pytest.raises(IndexFormatError, match="sequence 1 points to byte 2"):
-        ds.validate()
+    with pytest.raises(IndexFormatError, match=r"x\.idx: sequence 1 points to byte 2 \(offset 54\)"):
+        IndexedDataset(str(small))
 
 
-def test_validate_finds_a_length_that_disagrees_with_the_data(small):
+def test_opening_finds_a_length_that_disagrees_with_the_data(small):
     corrupt(f"{small}.idx", 34, struct.pack("<i", 2))  # sequence 0 length 3 -> 2
+    with pytest.raises(IndexFormatError, match="sequence 1 points to byte 6"):
+        IndexedDataset(str(small))
+
+
+def test_opening_finds_a_negative_length(small):
+    corrupt(f"{small}.idx", 34 + 4, struct.pack("<i", -262732))
+    with pytest.raises(IndexFormatError, match=r"sequence 1 has negative length -262732 \(offset 38\)"):
+        IndexedDataset(str(small))
+
+
+def test_validate_rechecks_files_changed_after_opening(small):
     ds = IndexedDataset(str(small))
-    with pytest.raises(IndexFormatError):
+    with open(f"{small}.bin", "ab") as f:
+        f.write(b"\0\0")
+    with pytest.raises(IndexFormatError, match="bytes, but the lengths add up to"):
         ds.validate()
 
 
@@ -248,11 +260,10 @@ def test_validate_finds_document_indices_going_backwards(tmp_path):
         IndexedDataset(str(tmp_path / "x")).validate()
 
 
-def test_a_pointer_past_the_data_is_never_returned_as_a_short_read(small):
+def test_a_pointer_past_the_data_is_refused_on_open(small):
     corrupt(f"{small}.idx", 34 + 12 + 8, struct.pack("<q", 10))
-    ds = IndexedDataset(str(small))
-    with pytest.raises(IndexFormatError, match="points past the end"):
-        ds[1]
+    with pytest.raises(IndexFormatError, match="sequence 1 points to byte 10"):
+        IndexedDataset(str(small))
 
 
 def test_a_reader_pickles_by_name_for_spawned_workers(golden):

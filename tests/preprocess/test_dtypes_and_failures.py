@@ -102,7 +102,8 @@ def test_a_failed_run_keeps_an_earlier_complete_output_untouched(tmp_path, files
     with pytest.raises(TokenmillError):
         preprocess_data(config(tmp_path, input=bad))
     assert read_bytes(str(tmp_path / "out_text_document.idx")) == before
-    assert files_in() == ["bad.jsonl", "out_text_document.bin", "out_text_document.idx"]
+    # The earlier run's outputs and their done marker stay: the failed run published nothing.
+    assert files_in() == ["bad.jsonl", "out_done", "out_text_document.bin", "out_text_document.idx"]
 
 
 @pytest.fixture
@@ -145,7 +146,7 @@ def test_a_dead_worker_fails_the_run_instead_of_hanging(tmp_path, big_input, fil
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 60
-    while not any(name.endswith(".tmp") for name in os.listdir(tmp_path)):
+    while not multiprocessing.active_children():  # the workers have started
         assert thread.is_alive() and time.monotonic() < deadline
         time.sleep(0.01)
     victim = multiprocessing.active_children()[0]

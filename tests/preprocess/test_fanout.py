@@ -4,6 +4,7 @@ the single-process bytes, done markers that make a rerun resume, a killed rank r
 from __future__ import annotations
 
 import logging
+import glob
 import os
 import signal
 import subprocess
@@ -161,6 +162,11 @@ def _open_pipe_for_writing(path: str, reader: subprocess.Popen):
         return os.fdopen(descriptor, "wb")
 
 
+def _staged_names(parts) -> list[str]:
+    """What rank 1 has written so far: the files in its hidden staging directory."""
+    return [name for staging in glob.glob(str(parts / ".c_part1-of-3.staging-*.tmp")) for name in os.listdir(staging)]
+
+
 def test_a_killed_rank_is_redone_by_the_same_command(tmp_path):
     """Rank 1 reads its last file from a pipe the test holds open: it is killed once its part files exist
     (mid-way), the pipe is replaced by the real file, the same command is rerun for every rank, and the merge
@@ -179,8 +185,8 @@ def test_a_killed_rank_is_redone_by_the_same_command(tmp_path):
     try:
         writer.write(content[: len(content) // 2])
         writer.flush()
-        _wait_for(lambda: any(n.startswith(".c_part1-of-3_text_document.bin") for n in os.listdir(parts))
-                  and os.path.isdir(parts / "c_part1-of-3_text_document_arrow"), "rank 1's part files",
+        _wait_for(lambda: any(n.startswith(".c_part1-of-3_text_document.bin") for n in _staged_names(parts))
+                  and "c_part1-of-3_text_document_arrow" in _staged_names(parts), "rank 1's part files",
                   processes[1])
         processes[1].send_signal(signal.SIGKILL)
         assert processes[1].wait(WAIT_SECONDS) == -signal.SIGKILL

@@ -47,8 +47,9 @@ def test_output_is_the_same_for_any_workers_partitions_and_chunking(tmp_path, ru
     assert cli.main(argv + runtime) == 0
     assert same_dataset(prefix + "_text_document", golden("sample_en_eod_text_document"))
     assert same_dataset(prefix + "_src_document", golden("sample_en_keys_src_document"))
-    # Partition scratch files are gone.
-    assert files_in() == sorted(f"out_{key}_document.{ext}" for key in ("text", "src") for ext in ("bin", "idx"))
+    # Partition scratch files are gone; the run's done marker is in out_done/.
+    assert files_in() == ["out_done"] + sorted(f"out_{key}_document.{ext}" for key in ("text", "src")
+                                               for ext in ("bin", "idx"))
 
 
 def test_merge_directory_matches_megatron(tmp_path):

@@ -61,20 +61,39 @@ def copy_of_golden(tmp_path):
     return str(tmp_path / "data")
 
 
-def test_validate_fails_on_inconsistent_pointers(copy_of_golden, capsys):
+@pytest.mark.parametrize("flags", [[], ["--validate"], ["--json"], ["--docs", "0", *GPT2_FLAGS]])
+def test_inconsistent_pointers_are_refused_with_or_without_validate(copy_of_golden, capsys, flags):
     with open(copy_of_golden + ".idx", "r+b") as f:
         f.seek(34 + 4 * 232 + 8 * 5)  # sequence 5's pointer
         f.write(np.int64(12345).tobytes())
-    assert inspect_cli.main([copy_of_golden]) == 0  # the header checks still pass
-    assert inspect_cli.main([copy_of_golden, "--validate"]) == 1
+    assert inspect_cli.main([copy_of_golden, *flags]) == 1
+    captured = capsys.readouterr()
+    error = captured.err.strip().splitlines()
+    assert len(error) == 1 and "data.idx: sequence 5 points to byte 12345 (offset 1002)" in error[0]
+    assert captured.out == ""
+
+
+def test_a_negative_document_length_is_refused_without_validate(copy_of_golden, capsys):
+    with open(copy_of_golden + ".idx", "r+b") as f:
+        f.seek(34 + 4 * 7)  # sequence 7's length
+        f.write(np.int32(-262732).tobytes())
+    assert inspect_cli.main([copy_of_golden]) == 1
+    assert "data.idx: sequence 7 has negative length -262732 (offset 62)" in capsys.readouterr().err
+
+
+def test_decoding_an_id_outside_the_vocabulary_is_one_line(copy_of_golden, capsys):
+    """GPT-2 ids decoded with a 1,000-id vocabulary: checked before the tokenizer sees them (gigatoken panics)."""
+    null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
+    assert inspect_cli.main([copy_of_golden, "--docs", "3", *null]) == 1
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and "sequence 5 points to byte 12345" in error[0]
+    assert len(error) == 1 and "data: token id" in error[0] and "in document 3 is outside the tokenizer's " \
+        "vocabulary [0, 1000)" in error[0]
 
 
 def test_validate_checks_ids_against_the_tokenizer(copy_of_golden, capsys):
     null = ["--tokenizer-type", "NullTokenizer", "--vocab-size", "1000"]
     assert inspect_cli.main([copy_of_golden, "--validate", *null]) == 1
-    assert "token id 50256 >= the tokenizer's vocab size 1000" in capsys.readouterr().err
+    assert "data: token id 2643 in document 0 is outside the tokenizer's vocabulary [0, 1000)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("damage", ["truncate_bin", "truncate_idx", "missing_bin"])

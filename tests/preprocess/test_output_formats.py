@@ -55,7 +55,7 @@ def test_every_format_in_one_pass_equals_converting_the_mmap_output(tmp_path, le
 
 def test_arrow_only_with_kept_fields(tmp_path, files_in):
     assert run(tmp_path, "--output-format", "arrow", "--keep-fields", "id,src,score") == 0
-    assert files_in() == ["in.jsonl", "out_text_document_arrow"]
+    assert files_in() == ["in.jsonl", "out_done", "out_text_document_arrow"]
     loaded = datasets.load_from_disk(str(tmp_path / "out_text_document_arrow"))
     assert loaded.column_names == ["input_ids", "id", "src", "score"]
     assert loaded["id"] == [d["id"] for d in DOCUMENTS] and loaded["src"] == [d["src"] for d in DOCUMENTS]
@@ -120,8 +120,8 @@ def test_an_option_of_a_format_not_written_is_refused(tmp_path, capsys, flags):
 
 def test_merge_datasets_joins_row_formats_in_order_and_refuses_what_it_cannot_order(tmp_path, capsys):
     """Arrow datasets given one by one join like mmap ones (sentence lengths and kept fields too);
-    datasets of two formats, or a multi-shard MindRecord (its shards do not read back in document
-    order), are one clear line."""
+    datasets of two formats, or MindRecords of different shard counts (the merged one gets the parts'
+    count), are one clear line. (Multi-shard parts that agree: test_multishard_mindrecord_commands.py.)"""
     from preprocess import merge_cli
 
     flags = ["--output-format", "mmap", "arrow", "--split-sentences", "--keep-fields", "id"]
@@ -139,5 +139,6 @@ def test_merge_datasets_joins_row_formats_in_order_and_refuses_what_it_cannot_or
     assert "must share one format" in capsys.readouterr().err
     (tmp_path / "shards").mkdir()
     convert(str(tmp_path / "a_text_sentence"), str(tmp_path / "shards" / "a.mindrecord"), "mindrecord", num_shards=2)
+    convert(str(tmp_path / "b_text_sentence"), str(tmp_path / "shards" / "b.mindrecord"), "mindrecord", num_shards=3)
     assert merge_cli.main(["--input", str(tmp_path / "shards"), "--output-prefix", str(tmp_path / "m")]) == 1
-    assert "a.mindrecord0: a shard of a multi-shard MindRecord" in capsys.readouterr().err
+    assert "different numbers of shards" in capsys.readouterr().err

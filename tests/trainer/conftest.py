@@ -40,3 +40,14 @@ def sentence_prefix(data_test, tmp_path_factory) -> str:
                             "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model"),
                             "--workers", "1"]) == 0
     return f"{prefix}_text_sentence"
+
+
+# The launch variables `train` takes its launch defaults from (CPM-Pretrain's and LiBai's scripts): a
+# machine that happens to export one (PORT is common) must not change what the tests run.
+LAUNCH_VARIABLES = ("GPUS_PER_NODE", "NNODES", "NODE", "NODE_RANK", "MASTER_ADDR", "ADDR", "MASTER_PORT", "PORT")
+
+
+@pytest.fixture(autouse=True)
+def _no_launch_variables(monkeypatch):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)

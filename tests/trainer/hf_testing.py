@@ -1,5 +1,9 @@
 """Shared pieces of the HF interop and generation tests: tiny random GPT-2s made locally with
-transformers (never downloaded), and the jobs the multi-process tests run (`process_testing.run_jobs`)."""
+transformers (never downloaded), and the jobs the multi-process tests run (`process_testing.run_jobs`).
+
+Fixture weights never come from transformers' initialiser (which changes between its releases): the
+models are built by transformers for their structure, then every parameter is drawn by `seed_weights`
+from our own seeded generator."""
 
 from __future__ import annotations
 
@@ -10,12 +14,37 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-# The brief's tiny model: 2 layers, hidden 64, 4 heads; large init so logits are far apart (no argmax ties).
-TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128, "initializer_range": 0.5}
+# The brief's tiny model: 2 layers, hidden 64, 4 heads.
+TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128}
+# Standard deviation of the tiny GPT-2's matrices: large, so logits are far apart (no argmax ties).
+TINY_STD = 0.5
+# Norm weights are drawn as 1 + NORM_NOISE * N(0, 1) and biases as NORM_NOISE * N(0, 1): not the
+# identity, so a mix-up of norm or bias tensors shows in the logits.
+NORM_NOISE = 0.1
 TINY_VOCAB = 300
 EOS = TINY_VOCAB - 1
 LOGIT_TOLERANCE = 1e-5
 DATA_TEST = Path(__file__).resolve().parents[2] / "data_test"
+
+
+@torch.no_grad()
+def seed_weights(model: torch.nn.Module, seed: int, std: float) -> torch.nn.Module:
+    """Overwrite every parameter of ``model`` from a generator seeded with ``seed``, in name order.
+
+    Matrices and embeddings get N(0, std^2); one-dimensional ``weight``s (norms) 1 + N(0, NORM_NOISE^2),
+    other vectors (biases) N(0, NORM_NOISE^2). Tied parameters are one parameter and are drawn once.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    for name, param in sorted(model.named_parameters()):
+        noise = torch.randn(param.shape, generator=generator, dtype=torch.float32)
+        if param.dim() > 1:
+            value = noise * std
+        elif name.endswith("weight"):
+            value = 1.0 + NORM_NOISE * noise
+        else:
+            value = NORM_NOISE * noise
+        param.copy_(value)
+    return model
 
 
 def make_tiny_hf(directory: Path, vocab_size: int = TINY_VOCAB, seed: int = 0,
@@ -23,10 +52,9 @@ def make_tiny_hf(directory: Path, vocab_size: int = TINY_VOCAB, seed: int = 0,
     """A random GPT2LMHeadModel saved with save_pretrained (optionally with GPT-2's vocab.json/merges.txt)."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    torch.manual_seed(seed)
     eos = 50256 if with_gpt2_tokenizer else vocab_size - 1
     config = GPT2Config(vocab_size=vocab_size, bos_token_id=eos, eos_token_id=eos, **TINY)
-    GPT2LMHeadModel(config).save_pretrained(directory)
+    seed_weights(GPT2LMHeadModel(config), seed, TINY_STD).save_pretrained(directory)
     if with_gpt2_tokenizer:
         shutil.copyfile(DATA_TEST / "gpt2" / "gpt2-vocab.json", directory / "vocab.json")
         shutil.copyfile(DATA_TEST / "gpt2" / "gpt2-merges.txt", directory / "merges.txt")

@@ -1,9 +1,14 @@
 """bf16, fp16 with loss scaling, and activation checkpointing in one process."""
 
 import dataclasses
+import json
 import math
 
+import pytest
+
 from trainer_testing import result_record, tiny_config
+
+from trainer.optim import LRSchedule
 
 STEPS = 3
 FP16_STEPS = 6
@@ -25,11 +30,39 @@ def test_bf16_trains_close_to_fp32(reference, tiny_prefix, cache_dir):
     assert all(abs(a - b) < 0.05 for a, b in zip(result["losses"], reference["losses"]))
 
 
-def test_fp16_skips_overflowing_steps_and_backs_off(tiny_prefix, cache_dir):
-    # A scale of 2**22 overflows this model's fp16 gradients (2**19 is the first that fits): the first
-    # steps are skipped, each halving the scale, then training goes on.
-    result = run(tiny_config(tiny_prefix, cache_dir, train_iters=FP16_STEPS),
-                 precision={"fp16": True, "hysteresis": 1, "initial_loss_scale": 2.0**22})
+def test_fp16_on_a_cpu_computes_in_fp32_with_exact_loss_scaling(reference, tiny_prefix, cache_dir, caplog):
+    # A power-of-2 loss scale is undone exactly, so the losses are fp32's to the bit.
+    result = run(tiny_config(tiny_prefix, cache_dir, train_iters=STEPS), precision={"fp16": True})
+    assert result["losses"] == reference["losses"][:STEPS]
+    assert "--fp16 on a CPU: computing in float32" in caplog.text
+
+
+def test_fp16_skips_overflowing_steps_backs_off_and_holds_the_learning_rate(tiny_prefix, cache_dir, tmp_path):
+    # The gradient norm is a sum of squares in float32 (max ~2**128): 2**66 times this model's gradients
+    # overflows it, so the first steps are skipped, each halving the scale, then training goes on. As
+    # Megatron, a skipped step does not advance the learning-rate schedule.
+    metrics = tmp_path / "metrics.jsonl"
+    config = tiny_config(tiny_prefix, cache_dir, train_iters=FP16_STEPS, metrics_file=str(metrics))
+    result = run(config, precision={"fp16": True, "hysteresis": 1, "initial_loss_scale": 2.0**66},
+                 logging={"log_interval": 1})
     assert not math.isfinite(result["grad_norms"][0])
     assert all(math.isfinite(loss) for loss in result["losses"])
     assert math.isfinite(result["grad_norms"][-1])
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    steps = [line for line in lines if "lr" in line]
+    skipped = sum(not math.isfinite(norm) for norm in result["grad_norms"])
+    assert 0 < skipped < FP16_STEPS
+    # warm-up is 2 steps: every skipped step repeats step 1's rate; the taken ones then follow the schedule
+    schedule = LRSchedule.from_config(config.optimizer, FP16_STEPS)
+    assert [s["lr"] for s in steps] == pytest.approx([schedule(1)] * (skipped + 1)
+                                                     + [schedule(k) for k in range(2, FP16_STEPS - skipped + 1)])
+
+
+def test_a_static_loss_scale_never_changes(tiny_prefix, cache_dir, tmp_path):
+    metrics = tmp_path / "metrics.jsonl"
+    result = run(tiny_config(tiny_prefix, cache_dir, train_iters=STEPS, metrics_file=str(metrics)),
+                 precision={"fp16": True, "loss_scale": 2.0**130}, logging={"log_interval": 1})
+    assert not any(math.isfinite(norm) for norm in result["grad_norms"]), "every step overflows at 2**130"
+    steps = [json.loads(line) for line in metrics.read_text().splitlines() if '"lr"' in line]
+    assert {s["loss_scale"] for s in steps} == {2.0**130}
+    assert [s["skipped_iterations"] for s in steps] == [1, 2, 3]

@@ -1,0 +1,162 @@
+"""``manifest.json``: the size and SHA-256 of every file of a checkpoint directory, written at save and
+checked at load, so that a damaged file is an error naming it, not a silently different model.
+
+Layout::
+
+    {"algorithm": "sha256", "block_bytes": 67108864,
+     "files": {"__0_0.distcp": {"bytes": 1460000000, "sha256": ["<hex of block 0>", "<hex of block 1>", ...]},
+               ".metadata": {...}}}
+
+Each file is hashed in blocks of ``block_bytes`` so that the blocks of one large shard are hashed in
+parallel: by several threads (hashlib releases the GIL on large updates) and, in a distributed save or
+load, shared out over the ranks. The manifest guards against damage, not forgery (a forger rewrites it
+too): the restricted unpickler of `trainer.checkpoint` is what keeps a crafted checkpoint from running code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch.distributed as dist
+
+from trainer.errors import CheckpointError
+
+logger = logging.getLogger(__name__)
+
+MANIFEST_FILE = "manifest.json"
+MANIFEST_ALGORITHM = "sha256"
+# Files are hashed in blocks of this many bytes, read in pieces of READ_BYTES (memory stays flat), up to
+# MAX_HASH_THREADS blocks at once per process.
+BLOCK_BYTES = 64 << 20
+READ_BYTES = 8 << 20
+MAX_HASH_THREADS = 8
+TEMP_SUFFIX = ".tmp"
+
+Block = tuple[str, int]
+"""(file name, block index)."""
+
+
+def _block_digest(directory: Path, block: Block, block_bytes: int) -> str:
+    """The hex SHA-256 of one block of a file."""
+    name, index = block
+    digest = hashlib.new(MANIFEST_ALGORITHM)
+    with open(directory / name, "rb") as f:
+        f.seek(index * block_bytes)
+        left = block_bytes
+        while left > 0 and (piece := f.read(min(READ_BYTES, left))):
+            digest.update(piece)
+            left -= len(piece)
+    return digest.hexdigest()
+
+
+def _blocks(sizes: dict[str, int], block_bytes: int) -> list[Block]:
+    """Every block of files of these sizes (an empty file has one, empty, block)."""
+    return [(name, index) for name, size in sorted(sizes.items()) for index in range(max(1, -(-size // block_bytes)))]
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _digests(directory: Path, blocks: list[Block], block_bytes: int, shared: bool) -> dict[Block, str]:
+    """Digests of ``blocks``, hashed by this process's threads; with ``shared`` (collective when
+    distributed) this rank hashes every world-th block and every rank then receives all of them."""
+    rank, world = _rank_and_world() if shared else (0, 1)
+    mine = blocks[rank::world]
+    threads = max(1, min(len(mine), os.cpu_count() or 1, MAX_HASH_THREADS))
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        digests = dict(zip(mine, pool.map(lambda block: _block_digest(directory, block, block_bytes), mine)))
+    if world > 1:
+        gathered: list[dict[Block, str] | None] = [None] * world
+        dist.all_gather_object(gathered, digests)
+        digests = {block: digest for part in gathered for block, digest in part.items()}
+    return digests
+
+
+def write_manifest(directory: Path, is_writer: bool = True) -> None:
+    """Hash every file of ``directory`` and write ``manifest.json`` (collective when distributed: every rank
+    hashes a share; ``is_writer`` says which rank writes the file)."""
+    sizes = {p.name: p.stat().st_size for p in directory.iterdir() if p.is_file() and p.name != MANIFEST_FILE}
+    digests = _digests(directory, _blocks(sizes, BLOCK_BYTES), BLOCK_BYTES, shared=True)
+    if not is_writer:
+        return
+    files = {name: {"bytes": size, MANIFEST_ALGORITHM: [digests[block] for block in _blocks({name: size}, BLOCK_BYTES)]}
+             for name, size in sorted(sizes.items())}
+    temp = directory / (MANIFEST_FILE + TEMP_SUFFIX)
+    temp.write_text(json.dumps({"algorithm": MANIFEST_ALGORITHM, "block_bytes": BLOCK_BYTES, "files": files},
+                               indent=1) + "\n")
+    os.replace(temp, directory / MANIFEST_FILE)
+
+
+def read_manifest(directory: Path) -> tuple[dict[str, dict], int] | None:
+    """The manifest's files (``{name: {"bytes": n, "sha256": [hex per block]}}``) and its block size, or None
+    for a checkpoint saved without one.
+
+    Raises:
+        CheckpointError: the manifest is damaged.
+    """
+    path = directory / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"{path}: unreadable manifest ({error})") from None
+    files = manifest.get("files") if isinstance(manifest, dict) else None
+    block_bytes = manifest.get("block_bytes") if isinstance(manifest, dict) else None
+    if (manifest.get("algorithm") != MANIFEST_ALGORITHM or not isinstance(files, dict)
+            or not isinstance(block_bytes, int) or block_bytes <= 0
+            or not all(_is_entry(entry, block_bytes) for entry in files.values())):
+        raise CheckpointError(f"{path}: not a tokenmill checkpoint manifest")
+    return files, block_bytes
+
+
+def _is_entry(entry: object, block_bytes: int) -> bool:
+    if not isinstance(entry, dict) or not isinstance(entry.get("bytes"), int) or entry["bytes"] < 0:
+        return False
+    digests = entry.get(MANIFEST_ALGORITHM)
+    return (isinstance(digests, list) and all(isinstance(d, str) for d in digests)
+            and len(digests) == max(1, -(-entry["bytes"] // block_bytes)))
+
+
+def verify_files(directory: Path, names: list[str] | None = None, shared: bool = False) -> None:
+    """Check files of a checkpoint directory against its manifest (all of them when ``names`` is None).
+
+    A checkpoint without a manifest (saved before manifests existed) is not checked (a warning says so).
+    With ``shared`` (collective when distributed), the ranks hash a share of the blocks each.
+
+    Raises:
+        CheckpointError: a file is missing, has another size, or other bytes than at save.
+    """
+    manifest = read_manifest(directory)
+    if manifest is None:
+        logger.warning("%s has no %s (saved by an older tokenmill): its files are not verified", directory,
+                       MANIFEST_FILE)
+        return
+    files, block_bytes = manifest
+    names = sorted(files) if names is None else names
+    for name in names:
+        path, entry = directory / name, files.get(name)
+        if entry is None:
+            raise CheckpointError(f"{path}: not listed in {directory / MANIFEST_FILE}")
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise CheckpointError(f"{path}: missing (listed in {MANIFEST_FILE})") from None
+        if size != entry["bytes"]:
+            raise CheckpointError(f"{path}: {size} bytes, but {entry['bytes']} were saved (truncated or replaced)")
+    sizes = {name: files[name]["bytes"] for name in names}
+    blocks = _blocks(sizes, block_bytes)
+    digests = _digests(directory, blocks, block_bytes, shared)
+    for name, index in blocks:
+        if digests[(name, index)] != files[name][MANIFEST_ALGORITHM][index]:
+            raise CheckpointError(f"{directory / name}: damaged (bytes {index * block_bytes}.."
+                                  f"{min((index + 1) * block_bytes, sizes[name])} differ from what was saved, "
+                                  f"{MANIFEST_FILE}); pass --no-verify to load it anyway")
