@@ -29,7 +29,7 @@ from trainer.generation.parallel import GenerationLayout, ShardedGPT
 from trainer.generation.sampling import SamplingConfig
 from trainer.hf_convert import load_hf_weights
 from trainer.hf_files import read_hf_config
-from trainer.hf_gpt2 import shape_from_hf_config
+from trainer.models.gpt.hf import shape_from_hf_config
 
 MODELS = {
     "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 1024, "vocab_size": 50257},

@@ -33,7 +33,7 @@ import time
 
 import numpy as np
 
-from samplers.gpt_indices import GPTIndexSpec, PhaseTimings, build_gpt_indices, plan_epochs
+from samplers.gpt.indices import GPTIndexSpec, PhaseTimings, build_gpt_indices, plan_epochs
 from samplers.indices import build_blending_indices, build_document_index, build_shuffle_index, sequence_id_dtype
 from samplers.reference import blending_indices_reference, sample_index_reference
 
@@ -171,7 +171,7 @@ COLD_SCRIPT = """
 import resource, sys, time
 start = time.perf_counter()
 import numpy as np
-from samplers.gpt_indices import GPTIndexSpec, build_gpt_indices
+from samplers.gpt.indices import GPTIndexSpec, build_gpt_indices
 imported = time.perf_counter()
 lengths = np.load(sys.argv[1])
 loaded = time.perf_counter()

@@ -1,7 +1,7 @@
 """T5 at degree 1: our training step (T5 dataset -> collate -> T5 -> loss -> clip -> AdamW) versus a
 plain PyTorch loop over the same model, batch shape and optimiser; plus T5 sample-building throughput.
 
-"Ours" reads its micro-batches from the span-corruption dataset (`samplers.t5_dataset`) through the
+"Ours" reads its micro-batches from the span-corruption dataset (`samplers.t5.dataset`) through the
 trainer's prefetch thread (`trainer.data.Prefetcher`), clips with the trainer's DTensor-aware global
 norm (`trainer.grads`) and runs AdamW with Megatron's parameter groups (`trainer.optim`); the
 baseline trains on batches already in memory with `clip_grad_norm_` and one AdamW group. Steps alternate between the two (both
@@ -29,13 +29,13 @@ import torch
 import torch.nn.functional as F
 
 from indexed_dataset import IndexedDatasetWriter
-from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets
+from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets
 from trainer.config import OptimizerConfig
 from trainer.data import Prefetcher
 from trainer.grads import clip_factor, global_grad_norm, scale_grads
 from trainer.optim import build_optimizer
-from trainer.t5_data import IGNORE_INDEX, collate_t5
-from trainer.t5_model import T5, T5Shape
+from trainer.models.t5.data import IGNORE_INDEX, collate_t5
+from trainer.models.t5.model import T5, T5Shape
 
 WORDS, NUM_SENTINELS = 32000, 100
 VOCAB = 32128  # T5's padded vocabulary

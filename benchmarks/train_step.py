@@ -1,6 +1,6 @@
 """Trainer overhead at degree 1: `train` versus a minimal PyTorch loop, same model, batch and optimiser.
 
-Both sides train the same GPT (trainer.model.GPT) with AdamW and gradient clipping on the same batch
+Both sides train the same GPT (trainer.models.gpt.model.GPT) with AdamW and gradient clipping on the same batch
 shape in this process. `train` reads its batches from a token file through the samplers and its
 prefetch thread; the baseline loop trains on batches already in memory. Rounds alternate between the
 two; each round's figure is the median step time over its measured steps (warm-up steps dropped).
@@ -34,9 +34,10 @@ from trainer.config import (
     TrainConfig,
     TrainingConfig,
 )
-from trainer.model import GPT
+from trainer.models.gpt.model import GPT
 from trainer.optim import build_optimizer
-from trainer.train import model_shape, train
+from trainer.models.gpt.training import model_shape
+from trainer.train import train
 
 GOLDEN = Path(__file__).resolve().parent.parent / "data_test" / "megatron" / "sample_en_eod_text_document"
 VOCAB = 8192

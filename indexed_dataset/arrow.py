@@ -33,10 +33,10 @@ import numpy as np
 import pyarrow as pa
 
 from .errors import ShardFormatError, TokenmillError
-from .formats import (
-    ARROW_STATE_FILE,
+from .names import ARROW_STATE_FILE
+from .protocol import DocumentBatch, TokenWriter
+from .rows import (
     FIELD_TYPES,
-    DocumentBatch,
     RowDocumentsReader,
     check_document_batch,
     check_fields,
@@ -44,7 +44,6 @@ from .formats import (
     infer_field_types,
     row_structure,
 )
-from .protocol import TokenWriter
 
 # save_to_disk's default `max_shard_size` is 500 MB.
 DEFAULT_SHARD_SIZE = 500 * 10**6
@@ -99,7 +98,7 @@ class ArrowWriter(TokenWriter):
         shard_size: bytes after which the next record batch starts a new shard.
         store_sequence_lengths: add a `sequence_lengths` column (needed when a document has several
             sequences).
-        field_types: scalar pass-through fields, name -> one of `formats.FIELD_TYPES`; None: taken from
+        field_types: scalar pass-through fields, name -> one of `rows.FIELD_TYPES`; None: taken from
             the first `add_documents(..., fields=...)` call.
         batch_rows: documents per Arrow record batch.
 

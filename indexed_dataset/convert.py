@@ -31,13 +31,9 @@ import numpy as np
 from .cli_support import signals_deferred
 from .errors import TokenmillError
 from .format import optimal_dtype
-from .formats import (
-    FORMATS,
-    has_one_sequence_per_document,
-    mindrecord_files_name,
-    open_reader,
-    open_writer,
-)
+from .formats import FORMATS, open_reader, open_writer
+from .names import mindrecord_files_name
+from .protocol import has_one_sequence_per_document
 
 logger = logging.getLogger(__name__)
 

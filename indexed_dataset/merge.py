@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from .errors import TokenmillError
 from .format import DATA_SUFFIX, INDEX_SUFFIX
-from .formats import ARROW_STATE_FILE, MINDRECORD_INDEX_SUFFIX, MINDRECORD_SUFFIX, is_mindrecord_name
+from .names import ARROW_STATE_FILE, MINDRECORD_INDEX_SUFFIX, MINDRECORD_SUFFIX, is_mindrecord_name
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 

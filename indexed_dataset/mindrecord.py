@@ -48,14 +48,9 @@ import numpy as np
 
 from .compress_int import compress_int_into, compress_int_sizes
 from .errors import TokenmillError
-from .formats import (
-    MINDRECORD_INDEX_SUFFIX,
-    DocumentBatch,
-    check_document_batch,
-    check_row_layout,
-    mindrecord_files_name,
-)
-from .protocol import TokenWriter
+from .names import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name
+from .protocol import DocumentBatch, TokenWriter
+from .rows import check_document_batch, check_row_layout
 
 logger = logging.getLogger(__name__)
 

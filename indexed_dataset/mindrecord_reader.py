@@ -18,7 +18,6 @@ import numpy as np
 
 from .compress_int import COUNT_BYTES, decompress_int_rows
 from .errors import ShardFormatError
-from .formats import MINDRECORD_INDEX_SUFFIX, RowDocumentsReader, row_structure
 from .mindrecord import (
     HEADER_SIZE_RANGE,
     LENGTH_PREFIX_BYTES,
@@ -29,6 +28,8 @@ from .mindrecord import (
     VERSION,
     concat_int64,
 )
+from .names import MINDRECORD_INDEX_SUFFIX
+from .rows import RowDocumentsReader, row_structure
 
 
 def read_header(path: str) -> dict:

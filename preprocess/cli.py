@@ -24,6 +24,7 @@ from .inputs import DEFAULT_CHUNK_BYTES
 from .pipeline import preprocess_data
 from .tokenizers.config import dataclass_from_args
 from .tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
+from .workers import DEFAULT_ENCODER_MEMORY_LIMIT_MB
 
 PROG = "preprocess-data"
 logger = logging.getLogger(__name__)
@@ -74,7 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="redo a run (or fanned-out part) already marked done in PREFIX_done/")
     runtime = parser.add_argument_group("runtime")
     runtime.add_argument("--workers", type=int, default=1,
-                         help="1 tokenizes in this process on all cores; N > 1 uses N worker processes")
+                         help="1 tokenizes in one encoder process on all cores; N > 1 uses N worker processes")
+    runtime.add_argument("--encoder-memory-limit-mb", type=int, default=DEFAULT_ENCODER_MEMORY_LIMIT_MB, metavar="MB",
+                         help="replace an encoder process by a fresh one once its resident memory passes MB "
+                              "(per worker; keeps memory bounded on any vocabulary, same ids)")
     runtime.add_argument("--partitions", type=int, default=1,
                          help="write as N contiguous partial datasets, merged at the end (same output)")
     runtime.add_argument("--keep-sequential-samples", action="store_true",

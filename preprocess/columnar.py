@@ -21,8 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from .chunks import ParsedChunk, TextColumn, field_array
 from .errors import InputError
-from .jsonl import ParsedChunk, TextColumn, field_array
 
 ARROW_FILE_MAGIC = b"ARROW1"
 # `datasets` builders that read local files only; anything else would reach for the Hub.

@@ -17,6 +17,7 @@ from indexed_dataset.formats import FORMATS, dataset_path
 from .inputs import DEFAULT_CHUNK_BYTES
 from .sentences import SUPPORTED_LANGUAGES
 from .tokenizers import TokenizerConfig
+from .workers import DEFAULT_ENCODER_MEMORY_LIMIT_MB
 
 TOKEN_DTYPE_RULES = ("megatron", "tight")
 DATASET_IMPLS = ("mmap",)
@@ -44,7 +45,10 @@ class PreprocessConfig:
     lang: str = DEFAULT_LANG
     """With split_sentences: the language's abbreviations."""
     workers: int = 1
-    """1 = encode in this process (the tokenizer uses every core); N > 1 = N worker processes."""
+    """1 = one encoder process using every core (a small input: this process); N > 1 = N worker processes."""
+    encoder_memory_limit_mb: int = DEFAULT_ENCODER_MEMORY_LIMIT_MB
+    """Resident memory (MiB) past which an encoder process is replaced by a fresh one (per worker; see
+    `workers.py`): bounds memory whatever the input's vocabulary, ids unchanged."""
     partitions: int = 1
     """Write the output as this many contiguous partial datasets, then merge them (same result)."""
     log_interval: int = 1000
@@ -96,7 +100,7 @@ class PreprocessConfig:
         self._check_format_options()
         if not self.json_keys or len(set(self.json_keys)) != len(self.json_keys):
             raise ValueError(f"json_keys must be non-empty and distinct, got {list(self.json_keys)}")
-        for name in ("workers", "partitions", "log_interval", "chunk_bytes"):
+        for name in ("workers", "encoder_memory_limit_mb", "partitions", "log_interval", "chunk_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.token_dtype_rule not in TOKEN_DTYPE_RULES:

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pyarrow as pa
 
-from .errors import EncodeError, InputError
+from .chunks import ParsedChunk, TextColumn
 from .columnar import RecordBatchChunk
-from .inputs import JsonLinesChunk
-from .jsonl import ParsedChunk, TextColumn
+from .errors import EncodeError, InputError
+from .jsonl import JsonLinesChunk
 from .sentences import SentenceSplitter
 from .tokenizers import Tokenizer
 

@@ -23,13 +23,12 @@ import io
 import logging
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import pyarrow as pa
 
 from .columnar import arrow_file_chunks, parquet_chunks
 from .errors import InputError
-from .jsonl import ParsedChunk, parse_json_lines
+from .jsonl import JsonLinesChunk
 
 logger = logging.getLogger(__name__)
 
@@ -107,36 +106,6 @@ def resolve_inputs(specs: str | Sequence[str]) -> list[str]:
     if not specs:
         raise InputError("no input given")
     return sorted({os.path.normpath(path) for spec in specs for path in _expand(spec)})
-
-
-@dataclass(frozen=True)
-class JsonLinesChunk:
-    """Whole lines of one JSON-lines file.
-
-    Attributes:
-        source: the file's path.
-        first_line: 1-based number of the chunk's first line in the file.
-        data: the raw bytes (whole lines; the last one may lack its newline at end of file).
-        disk_offset: bytes of the (possibly compressed) input consumed once this chunk was read,
-            counted over all input files.
-    """
-
-    source: str
-    first_line: int
-    data: bytes
-    disk_offset: int
-
-    @property
-    def num_bytes(self) -> int:
-        return len(self.data)
-
-    def location(self, line: int) -> str:
-        """`file:line`, for messages."""
-        return f"{self.source}:{line}"
-
-    def parse(self, keys: tuple[str, ...], skip_invalid: bool = False, fields: tuple[str, ...] = ()) -> ParsedChunk:
-        """The chunk's documents (see `parse_json_lines`)."""
-        return parse_json_lines(self, keys, skip_invalid, fields)
 
 
 def zstd_available() -> bool:

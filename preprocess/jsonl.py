@@ -20,17 +20,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.json as pa_json
 
+from .chunks import ParsedChunk, TextColumn, field_array
 from .errors import InputError
-
-if TYPE_CHECKING:
-    from .inputs import JsonLinesChunk
 
 # Arrow parses in blocks and fails on a line that straddles two; one block per chunk avoids that.
 _MIN_BLOCK_BYTES = 1 << 20
@@ -102,57 +99,33 @@ def _fast_path_applies(data: bytes) -> bool:
 
 
 @dataclass(frozen=True)
-class TextColumn:
-    """One key's texts for a run of documents.
+class JsonLinesChunk:
+    """Whole lines of one JSON-lines file.
 
     Attributes:
-        pieces: the texts; a document's string is one piece, a list of strings is one piece each.
-        piece_counts: int64 [D] pieces per document, or None when every document has exactly one.
-    """
-
-    pieces: pa.LargeStringArray
-    piece_counts: np.ndarray | None = None
-
-
-@dataclass
-class ParsedChunk:
-    """The documents of one chunk.
-
-    Attributes:
-        source: the input file.
-        line_numbers: int64 [D], 1-based line (0-based row for columnar inputs) of each document.
-        columns: one TextColumn per JSON key.
-        skipped: (line, reason) of the invalid lines skipped (only when skipping is on).
-        fields: kept scalar fields, name -> [D] values (int64, double or string; see `field_array`).
+        source: the file's path.
+        first_line: 1-based number of the chunk's first line in the file.
+        data: the raw bytes (whole lines; the last one may lack its newline at end of file).
+        disk_offset: bytes of the (possibly compressed) input consumed once this chunk was read,
+            counted over all input files.
     """
 
     source: str
-    line_numbers: np.ndarray
-    columns: dict[str, TextColumn]
-    skipped: list[tuple[int, str]] = field(default_factory=list)
-    fields: dict[str, pa.Array] = field(default_factory=dict)
+    first_line: int
+    data: bytes
+    disk_offset: int
 
     @property
-    def num_documents(self) -> int:
-        return len(self.line_numbers)
+    def num_bytes(self) -> int:
+        return len(self.data)
 
+    def location(self, line: int) -> str:
+        """`file:line`, for messages."""
+        return f"{self.source}:{line}"
 
-def field_array(values: pa.Array, name: str) -> pa.Array:
-    """A kept field's values as int64, double or string (the types the Arrow writer stores).
-
-    Raises:
-        ValueError: the values are not all numbers or all strings (booleans, objects, arrays...).
-    """
-    kind = values.type
-    if pa.types.is_integer(kind):
-        return values.cast(pa.int64())
-    if pa.types.is_floating(kind):
-        return values.cast(pa.float64())
-    if pa.types.is_string(kind) or pa.types.is_large_string(kind):
-        return values.cast(pa.string())
-    if pa.types.is_null(kind):
-        return values
-    raise ValueError(f"field {name!r} holds {kind} values, expected numbers or strings")
+    def parse(self, keys: tuple[str, ...], skip_invalid: bool = False, fields: tuple[str, ...] = ()) -> ParsedChunk:
+        """The chunk's documents (see `parse_json_lines`)."""
+        return parse_json_lines(self, keys, skip_invalid, fields)
 
 
 def _count_lines(data: bytes) -> int:

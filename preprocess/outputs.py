@@ -32,8 +32,9 @@ import numpy as np
 import pyarrow as pa
 
 from indexed_dataset import IndexedDatasetWriter, TokenmillError, data_file_path, index_file_path, merge_datasets
-from indexed_dataset.formats import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name, open_writer
+from indexed_dataset.formats import open_writer
 from indexed_dataset.mindrecord import shard_paths
+from indexed_dataset.names import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name
 
 from .config import PreprocessConfig
 from .documents import EncodedChunk

@@ -173,7 +173,9 @@ def _run(
     try:
         outputs = Outputs(config, dtype)
         try:
-            with chunk_encoder(config.workers, tokenizer, config.tokenizer, settings) as encode_all:
+            with chunk_encoder(config.workers, tokenizer, config.tokenizer, settings,
+                               config.encoder_memory_limit_mb) as encode_all:
+                del tokenizer  # the encoder owns it now: it frees it once its encoder processes take over
                 starts: collections.deque[int] = collections.deque()
                 for encoded in encode_all(_recording_starts(reader, starts)):
                     outputs.write(_partition_of(starts.popleft(), config.partitions, total_disk_bytes), encoded)

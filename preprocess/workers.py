@@ -1,49 +1,141 @@
-"""Running `encode_chunk` over the chunks, in parallel, with results in input order.
+"""Running `encode_chunk` over the chunks, in parallel, with results in input order, in bounded memory.
 
-* `workers == 1`: the main process encodes, on a small thread pool. The tokenizer and Arrow's JSON
-  reader release the GIL and gigatoken spreads a batch over every core by itself, so threads
-  overlap reading, parsing and encoding without starting any process.
-* `workers > 1`: `spawn`ed processes (never `fork`: Rust tokenizers' thread pools do not survive
-  it), each building its own tokenizer and encoding single-threaded (TOKENIZERS_PARALLELISM=false).
-  Chunk k goes to worker k mod N over that worker's own pipes, so reading the results worker by
-  worker gives them in input order. We do not use `ProcessPoolExecutor`: a worker killed while
-  sending a large result leaves a truncated message in its shared result pipe, and the executor's
-  manager thread then waits for the rest forever. With one pipe per worker whose only writer is
-  that worker, a death mid-message reads as end-of-file, and the run fails at once.
+Why encoder processes: gigatoken keeps every distinct pre-token it has seen, and offers no way to cap or
+clear that cache, so an encoding process grows with the vocabulary of what it has read (~10 bytes of
+memory per byte of text made of new words: URLs, numbers, hashes, typos; up to ~25 while its tables
+double). Every encoder process is therefore replaced by a fresh one before its resident memory would pass
+a limit (`memory_limit_mb`, `--encoder-memory-limit-mb`; one INFO line each time). A fresh one is ready
+in ~0.5 s (interpreter, imports, tokenizer), which real text almost never pays and text made only of new
+words pays every ~10 MB. Ids do not depend on the cache, so they are the same across a replacement.
 
-Either way at most `window` chunks are in flight (bounded memory).
+* `workers == 1`: this process encodes, on a small thread pool (the tokenizer and Arrow's JSON reader
+  release the GIL, and gigatoken spreads a batch over every core by itself), while its own memory stays
+  well under the limit: real text usually to the end, with no process started. Past
+  ENCODER_PROCESS_START of its room, one encoder process starts (on all cores, the same thread pool);
+  once it is ready this process frees its tokenizer and cache, and the encoder process does the rest.
+* `workers > 1`: N encoder processes encode every chunk, each single-threaded
+  (TOKENIZERS_PARALLELISM=false). Chunk k goes to worker slot k mod N over that worker's own pipes, so
+  reading the results in the order they were sent gives them in input order.
+
+Encoder processes are fresh interpreters (`python -c`; never `fork`: Rust tokenizers' thread pools do not
+survive it; not multiprocessing's spawn, which also imports the program's main module: ~70 MB more per
+process). We do not use `ProcessPoolExecutor`: a worker killed while sending a large result leaves a
+truncated message in its shared result pipe, and the executor's manager thread then waits for the rest
+forever. With one pipe per worker whose only writer is that worker, a death mid-message reads as
+end-of-file, and the run fails at once. At most a few chunks per worker are in flight (bounded memory).
 """
 
 from __future__ import annotations
 
 import collections
-import multiprocessing
+import ctypes
+import fcntl
+import gc
+import logging
 import os
 import queue
+import resource
 import signal
+import subprocess
+import sys
 import threading
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from functools import partial
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection
+
+import numpy as np
 
 from indexed_dataset import TokenmillError
 
 from .documents import EncodedChunk, EncodeSettings, encode_chunk
 from .tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
 
-# Threads of the in-process mode: one parsing the next chunk while another encodes the current one.
+logger = logging.getLogger(__name__)
+
+# Threads of the single encoder (this process, or its encoder process): one parsing the next chunk while
+# another encodes the current one.
 IN_PROCESS_THREADS = 2
-# Chunks in flight per worker process: one being encoded, one waiting in its pipe.
-CHUNKS_IN_FLIGHT_PER_WORKER = 2
+# Resident memory (MiB) that every encoding process stays under. The main process once it has handed
+# encoding over (Python, pyarrow, numpy, numba, the writers: ~225 MB) plus one encoder process at this
+# limit stays under 600 MB whatever the input; a fresh encoder process starts at ~130 MB.
+DEFAULT_ENCODER_MEMORY_LIMIT_MB = 340
+# Resident memory (MiB) of a fresh encoder process (interpreter, numpy, pyarrow, awkward, a GPT-2
+# tokenizer): the rest of the limit is the room its cache may grow into. This process's own encoder gets
+# the same room above what this process holds when it starts encoding (it holds the writers besides).
+FRESH_ENCODER_MB = 130
+# With one worker, this process encodes until its projected memory (see `projected_bytes`) has used this
+# fraction of its room under the limit; then the encoder process starts, and takes over once it is
+# ready (~0.5 s later: imports, tokenizer), or at once if this process reaches the limit first.
+ENCODER_PROCESS_START = 0.75
+# See `projected_bytes`.
+NEXT_GROWTH_STEP = 0.6
+# An encoder process: a fresh interpreter running `encoder_process_main` on two inherited pipe ends.
+_ENCODER_PROCESS_CODE = ("import sys; from preprocess.workers import encoder_process_main as main; "
+                         "main(*map(int, sys.argv[1:]))")
+# The directory holding the `preprocess` package, put first on an encoder process's path.
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# What an encoder process sends once its tokenizer is built, before any result.
+_READY = "ready"
+_MIB = 2**20
+# Buffer of the pipes to and from encoder processes (Linux's default maximum for unprivileged users).
+PIPE_BYTES = 2**20
+_NARROW_DTYPE = np.dtype(np.uint16)
+_NARROW_MAX = np.iinfo(_NARROW_DTYPE).max
 # How often a blocked feeder re-checks whether the run was stopped (seconds).
 _STOP_POLL_SECONDS = 0.1
 _DIED = "a worker process died (killed, or out of memory); nothing was written"
 
 
+def resident_bytes() -> int:
+    """This process's resident memory now (Linux /proc), else its peak so far (an upper bound)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
+
+
+def _enlarge_pipe(fd: int) -> None:
+    """Give a pipe PIPE_BYTES of buffer where the system allows it (Linux), else leave it (64 KiB): a
+    chunk then crosses in a few writes instead of one per 64 KiB, each waking the other process."""
+    try:
+        fcntl.fcntl(fd, getattr(fcntl, "F_SETPIPE_SZ"), PIPE_BYTES)
+    except (AttributeError, OSError):  # not Linux, or above /proc/sys/fs/pipe-max-size for this user
+        pass
+
+
+def _encoder_environment() -> dict[str, str]:
+    """This process's environment, with the `preprocess` package importable whatever the directory."""
+    path = os.environ.get("PYTHONPATH")
+    return {**os.environ, "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
+
+
+def _release_free_memory() -> None:
+    """Give the pages freed so far back to the system (glibc keeps them otherwise): a fresh encoder
+    drops the reference tokenizer it was built from, ~20 MB."""
+    gc.collect()
+    libc = ctypes.CDLL(None)  # the symbols this process is linked with, libc's among them
+    if hasattr(libc, "malloc_trim"):  # glibc only
+        libc.malloc_trim(0)
+
+
+def projected_bytes(resident: int, start: int) -> int:
+    """The most an encoder that grew from `start` to `resident` bytes may reach with its next chunks.
+
+    gigatoken's cache grows in steps, when its tables double, and the step has been at most ~0.57 of what
+    the encoder had grown by until then (distinct random words, from a 130 MB start: +35 MB after +82,
+    +67 after +131, +131 after +231; the chunks in flight add ~2.5 bytes per byte besides). An encoder
+    gets no more chunks once this passes its limit, so that the step it may take still fits."""
+    return resident + int(NEXT_GROWTH_STEP * max(resident - start, 0))
+
+
 def _ordered_in_threads(executor: ThreadPoolExecutor, function, items: Iterable, window: int) -> Iterator:
+    """`function` of each item, in order, computed `window` items at a time on `executor`."""
     pending = collections.deque()
     try:
         for item in items:
@@ -64,63 +156,205 @@ class _Failure:
         self.text = "".join(traceback.format_exception(error))
 
 
-def _worker_main(config: TokenizerConfig, settings: EncodeSettings, tasks, results) -> None:
-    # Ctrl-C reaches every process of the terminal's group: the main process handles it (and kills
-    # the workers), so a worker must not print a KeyboardInterrupt traceback of its own.
+def encoder_process_main(task_fd: int, result_fd: int) -> None:
+    """An encoder process: (tokenizer config, settings, threads) then chunks arrive on `task_fd`, READY
+    then one outcome per chunk leave on `result_fd` (see `_ProcessPool`)."""
+    # The main process handles Ctrl-C (and kills the workers): a worker prints no traceback of its own.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    tokenizer = build_tokenizer(config)
+    tasks, results = Connection(task_fd, writable=False), Connection(result_fd, readable=False)
     try:
-        _serve(tokenizer, settings, tasks, results)
+        config, settings, threads = tasks.recv()
+        if threads == 1:  # one of several workers: each on one core
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        try:
+            tokenizer = build_tokenizer(config)
+        except TokenmillError as error:  # e.g. a tokenizer file removed since the main process read it
+            results.send((error, 0))
+            return
+        _release_free_memory()
+        results.send((_READY, resident_bytes()))
+        _serve(tokenizer, settings, threads, tasks, results)
     except (EOFError, OSError):  # the main process is gone (killed, or stopped the run): nothing to say
         return
 
 
-def _serve(tokenizer: Tokenizer, settings: EncodeSettings, tasks, results) -> None:
-    """Encode the chunks arriving on `tasks` until None, sending each result (or error) on `results`."""
-    while (chunk := tasks.recv()) is not None:
-        try:
-            results.send(encode_chunk(chunk, tokenizer, settings))
-        except TokenmillError as error:  # ours pickle; the main process re-raises them
-            results.send(error)
-        except (EOFError, OSError):
-            raise
-        except Exception as error:  # a bug: keep its traceback
-            results.send(_Failure(error))
+def _narrowed(encoded: EncodedChunk) -> EncodedChunk:
+    """The same ids, as uint16 wherever they all fit: half the bytes to send through the result pipe
+    (gigatoken gives uint32; the writers cast to the output dtype and check the range either way)."""
+    for key, column in encoded.columns.items():
+        tokens = column.tokens
+        if tokens.dtype.itemsize > _NARROW_DTYPE.itemsize and (not tokens.size or tokens.max() <= _NARROW_MAX):
+            encoded.columns[key] = replace(column, tokens=tokens.astype(_NARROW_DTYPE))
+    return encoded
+
+
+def _outcome(chunk, tokenizer: Tokenizer, settings: EncodeSettings):
+    """The chunk's EncodedChunk (ids narrowed), or the error to send back instead."""
+    try:
+        return _narrowed(encode_chunk(chunk, tokenizer, settings))
+    except TokenmillError as error:  # ours pickle; the main process re-raises them
+        return error
+    except Exception as error:  # a bug: keep its traceback
+        return _Failure(error)
+
+
+def _serve(tokenizer: Tokenizer, settings: EncodeSettings, threads: int, tasks, results) -> None:
+    """Encode the chunks arriving on `tasks` until None, `threads` at a time, sending each outcome on
+    `results` in order, with this process's resident memory (bytes) after it."""
+    with ThreadPoolExecutor(threads) as executor:
+        outcomes = _ordered_in_threads(executor, partial(_outcome, tokenizer=tokenizer, settings=settings),
+                                       iter(tasks.recv, None), threads)
+        for outcome in outcomes:
+            results.send((outcome, resident_bytes()))
+
+
+@dataclass(eq=False)
+class _Worker:
+    """One encoder process and the two pipes only it holds the other ends of."""
+
+    process: subprocess.Popen
+    tasks: Connection
+    results: Connection
+    resident_bytes: int = 0
+    """As reported with its latest result."""
+    start_bytes: int = 0
+    """Resident memory once its tokenizer was built."""
+    input_bytes: int = 0
+    """Chunk bytes sent to it."""
+    ready: bool = False
+    """Its READY message was read (the tokenizer is built)."""
+
+    def check_ready(self, block: bool) -> bool:
+        """Whether the worker is ready, reading its READY message if it came (waiting for it if `block`).
+
+        Raises:
+            TokenmillError: the worker died, or could not build its tokenizer.
+        """
+        if not self.ready and (block or self.results.poll()):
+            try:
+                message, self.start_bytes = self.results.recv()
+            except (EOFError, OSError):
+                raise TokenmillError(_DIED) from None
+            if isinstance(message, BaseException):
+                raise message
+            self.ready, self.resident_bytes = True, self.start_bytes
+        return self.ready
+
+    def close(self) -> None:
+        self.process.wait()
+        self.tasks.close()
+        self.results.close()
+
+
+@dataclass(frozen=True)
+class _Retired:
+    """In the order queue after a replaced worker's last chunk: its results have all been read."""
+
+    worker: _Worker
 
 
 class _ProcessPool:
-    """N spawned workers, each with its own task and result pipe."""
+    """N encoder processes, each with its own task and result pipe, each replaced by a fresh one (in the
+    same slot) before its resident memory passes `memory_limit_mb`.
 
-    def __init__(self, workers: int, config: TokenizerConfig, settings: EncodeSettings) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.processes, self.tasks, self.results = [], [], []
-        for _ in range(workers):
-            task_reader, task_writer = context.Pipe(duplex=False)
-            result_reader, result_writer = context.Pipe(duplex=False)
-            process = context.Process(target=_worker_main, args=(config, settings, task_reader, result_writer),
-                                      daemon=True)
-            process.start()
-            # Only the worker may hold its pipes' other ends: then its death reads as end-of-file.
-            task_reader.close()
-            result_writer.close()
-            self.processes.append(process)
-            self.tasks.append(task_writer)
-            self.results.append(result_reader)
+    The processes are fresh interpreters that import only the encoding modules (`python -c`, not
+    multiprocessing's spawn, which would also import this program's main module and start a resource
+    tracker: ~70 MB and ~0.3 s more per process). A worker's death closes its result pipe, whose only
+    writer it is, so it reads as end-of-file at once.
+
+    Args:
+        workers: processes (slots).
+        config: how each builds its tokenizer.
+        settings: what to do with each chunk.
+        threads: threads per process (and chunks each works on at once).
+        memory_limit_mb: resident memory (MiB) past which a process gets no more chunks and is replaced.
+    """
+
+    def __init__(self, workers: int, config: TokenizerConfig, settings: EncodeSettings, threads: int,
+                 memory_limit_mb: int) -> None:
+        self.config, self.settings, self.threads = config, settings, threads
+        self.memory_limit_bytes = memory_limit_mb * _MIB
+        # Each process holds `threads` chunks and one more waits in its pipe, so it never idles.
+        self.in_flight_per_worker = threads + 1
+        self.started: list[_Worker] = []
+        self.recycles = 0
         self.stop = threading.Event()
+        # Held while starting a worker or killing them all, so that none starts unseen by `close`.
+        self.lock = threading.Lock()
+        try:
+            self.slots = [self._start() for _ in range(workers)]
+        except BaseException:
+            self.close(kill=True)
+            raise
+
+    def _start(self) -> _Worker:
+        task_reader, task_writer = os.pipe()
+        result_reader, result_writer = os.pipe()
+        for pipe_end in (task_writer, result_writer):
+            _enlarge_pipe(pipe_end)
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-c", _ENCODER_PROCESS_CODE, str(task_reader), str(result_writer)],
+                stdin=subprocess.DEVNULL, pass_fds=(task_reader, result_writer), env=_encoder_environment(),
+                # Its own session: a terminal's Ctrl-C or a group's SIGTERM reaches this process only,
+                # which kills the workers; a worker still starting would print a traceback.
+                start_new_session=True)
+        finally:
+            # Only the worker may hold its pipes' other ends: then its death reads as end-of-file.
+            os.close(task_reader)
+            os.close(result_writer)
+        worker = _Worker(process, Connection(task_writer, readable=False), Connection(result_reader, writable=False))
+        self.started.append(worker)
+        try:
+            worker.tasks.send((self.config, self.settings, self.threads))
+        except OSError:  # it died already
+            raise TokenmillError(_DIED) from None
+        return worker
+
+    def _replace(self, slot: int, order: queue.Queue) -> bool:
+        """Retire the slot's worker (it finishes the chunks it holds, then exits) and, once it is gone
+        (so that two encoders never hold memory at once), start a fresh one. False if the run stopped."""
+        old = self.slots[slot]
+        self.recycles += 1
+        logger.info("encoder process at %.0f MB resident (started at %.0f MB; limit %d MB, "
+                    "--encoder-memory-limit-mb) after %.1f MB of input: replacing it with a fresh one "
+                    "(replacement %d)", old.resident_bytes / _MIB, old.start_bytes / _MIB,
+                    self.memory_limit_bytes // _MIB, old.input_bytes / _MIB, self.recycles)
+        old.tasks.send(None)
+        order.put(_Retired(old))
+        while old.process.poll() is None:
+            if self.stop.is_set():
+                return False
+            try:
+                old.process.wait(_STOP_POLL_SECONDS)
+            except subprocess.TimeoutExpired:
+                pass
+        with self.lock:
+            if self.stop.is_set():
+                return False
+            self.slots[slot] = self._start()
+        return True
 
     def _feed(self, chunks: Iterable, order: queue.Queue, window: threading.Semaphore) -> None:
-        """Send chunk k to worker k mod N; tell the reader which worker holds each, then None."""
+        """Send chunk k to slot k mod N (replacing a worker past the memory limit first); tell the
+        reader which worker holds each, then None."""
         try:
             for index, chunk in enumerate(chunks):
                 while not window.acquire(timeout=_STOP_POLL_SECONDS):
                     if self.stop.is_set():
                         return
-                worker = index % len(self.processes)
-                self.tasks[worker].send(chunk)
+                slot = index % len(self.slots)
+                # Replace it before it passes the limit while encoding what it holds (and this chunk).
+                worker = self.slots[slot]
+                if (projected_bytes(worker.resident_bytes, worker.start_bytes) > self.memory_limit_bytes
+                        and not self._replace(slot, order)):
+                    return
+                worker = self.slots[slot]
+                worker.tasks.send(chunk)
+                worker.input_bytes += chunk.num_bytes
                 order.put(worker)
-            for task in self.tasks:
-                task.send(None)
+            for worker in self.slots:
+                worker.tasks.send(None)
         except (BrokenPipeError, OSError):
             order.put(TokenmillError(_DIED))
         except BaseException as error:  # e.g. an InputError from reading the input
@@ -128,11 +362,15 @@ class _ProcessPool:
         finally:
             order.put(None)
 
-    def _receive(self, worker: int) -> EncodedChunk:
-        connection, process = self.results[worker], self.processes[worker]
-        wait([connection, process.sentinel])
+    def ready(self) -> bool:
+        """Whether every current worker has built its tokenizer (never waits)."""
+        return all(worker.check_ready(block=False) for worker in self.slots)
+
+    @staticmethod
+    def _receive(worker: _Worker) -> EncodedChunk:
+        worker.check_ready(block=True)
         try:
-            result = connection.recv()
+            result, worker.resident_bytes = worker.results.recv()
         except (EOFError, OSError):
             raise TokenmillError(_DIED) from None
         if isinstance(result, BaseException):
@@ -143,14 +381,17 @@ class _ProcessPool:
 
     def map_ordered(self, chunks: Iterable) -> Iterator[EncodedChunk]:
         order: queue.Queue = queue.Queue()
-        window = threading.Semaphore(len(self.processes) * CHUNKS_IN_FLIGHT_PER_WORKER)
+        window = threading.Semaphore(len(self.slots) * self.in_flight_per_worker)
         feeder = threading.Thread(target=self._feed, args=(chunks, order, window), daemon=True)
         feeder.start()
         try:
-            while (worker := order.get()) is not None:
-                if isinstance(worker, BaseException):
-                    raise worker
-                yield self._receive(worker)
+            while (item := order.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, _Retired):
+                    item.worker.close()
+                    continue
+                yield self._receive(item)
                 window.release()
         finally:
             self.stop.set()
@@ -159,42 +400,125 @@ class _ProcessPool:
             feeder.join()
 
     def close(self, kill: bool) -> None:
-        for process in self.processes:
-            if kill and process.is_alive():
-                process.kill()
-        for process in self.processes:
-            process.join()
-        for connection in self.tasks + self.results:
-            connection.close()
+        with self.lock:
+            self.stop.set()
+            started = list(self.started)
+            for worker in started:
+                if kill and worker.process.poll() is None:
+                    worker.process.kill()
+        for worker in started:
+            worker.close()
+
+
+class _LocalEncoder:
+    """This process's own encoding (a tokenizer on a small thread pool), until `release`.
+
+    Args:
+        tokenizer: the tokenizer; this object should hold its only reference, so that `release` frees it.
+        settings: what to do with each chunk.
+        cap: resident bytes this process may reach while encoding.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, settings: EncodeSettings, cap: int) -> None:
+        self.tokenizer: Tokenizer | None = tokenizer
+        self.settings = settings
+        self.cap = cap
+        self.executor = ThreadPoolExecutor(IN_PROCESS_THREADS)
+        self.window = IN_PROCESS_THREADS + 1
+        self.start = resident_bytes()
+
+    def _encode(self, chunk) -> EncodedChunk:
+        return encode_chunk(chunk, self.tokenizer, self.settings)
+
+    def map(self, chunks: Iterable) -> Iterator[EncodedChunk]:
+        """EncodedChunks of `chunks`, in order."""
+        return _ordered_in_threads(self.executor, self._encode, chunks, self.window)
+
+    def near(self, fraction: float = 1.0) -> bool:
+        """Whether its next chunks may take this process past `fraction` of its room under its cap."""
+        return projected_bytes(resident_bytes(), self.start) > self.start + fraction * (self.cap - self.start)
+
+    def release(self) -> None:
+        """Drop the tokenizer (and its cache) and give the memory back: encoder processes took over."""
+        self.tokenizer = None
+        _release_free_memory()
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+def _until(stop: Callable[[], bool], items: Iterator) -> Iterator:
+    """The items of `items` until `stop()` (asked before taking each), leaving the rest in `items`."""
+    while not stop():
+        try:
+            yield next(items)
+        except StopIteration:
+            return
 
 
 @contextmanager
 def chunk_encoder(
-    workers: int, tokenizer: Tokenizer, tokenizer_config: TokenizerConfig, settings: EncodeSettings
-) -> Iterator:
+    workers: int,
+    tokenizer: Tokenizer,
+    tokenizer_config: TokenizerConfig,
+    settings: EncodeSettings,
+    memory_limit_mb: int = DEFAULT_ENCODER_MEMORY_LIMIT_MB,
+) -> Iterator[Callable[[Iterable], Iterator[EncodedChunk]]]:
     """A function mapping an iterable of chunks to their EncodedChunks, in order.
 
+    With one worker, this process encodes the chunks itself while its memory stays well under
+    `memory_limit_mb` (real text: usually to the end, at no cost); past ENCODER_PROCESS_START of its
+    room, an encoder process starts, and once it is ready (or this process reaches the limit) this
+    process frees its tokenizer and its cache (the memory goes back to the system) and the encoder
+    process encodes the rest. With N > 1 workers, N encoder processes encode every chunk. Each
+    encoder process is replaced by a fresh one before it would pass the limit.
+
     Args:
-        workers: 1 = encode in this process (threads); N > 1 = N spawned worker processes.
-        tokenizer: this process's tokenizer (used when workers == 1).
-        tokenizer_config: how workers build theirs.
+        workers: 1 = one encoder (this process, then a process, on all cores); N > 1 = N single-threaded
+            encoder processes.
+        tokenizer: this process's tokenizer, handed over: the caller should drop its own reference,
+            so that it is freed once encoder processes take over.
+        tokenizer_config: how encoder processes build theirs.
         settings: what to do with each chunk.
+        memory_limit_mb: resident memory (MiB) that every encoder process stays under; this process
+            encodes while its growth stays under the room a fresh encoder process has (see FRESH_ENCODER_MB).
 
     Raises:
         TokenmillError: (while iterating) a worker died, or a chunk held bad input.
     """
-    if workers == 1:
-        executor = ThreadPoolExecutor(IN_PROCESS_THREADS)
-        function = partial(encode_chunk, tokenizer=tokenizer, settings=settings)
-        try:
-            yield lambda chunks: _ordered_in_threads(executor, function, chunks, IN_PROCESS_THREADS + 1)
-        finally:
-            executor.shutdown(wait=True, cancel_futures=True)
-        return
-    pool = _ProcessPool(workers, tokenizer_config, settings)
+    local = _LocalEncoder(tokenizer, settings, resident_bytes() + (memory_limit_mb - FRESH_ENCODER_MB) * _MIB)
+    del tokenizer
+    pool: _ProcessPool | None = None
     clean = False
+
+    def start_pool() -> _ProcessPool:
+        nonlocal pool
+        if workers == 1:
+            logger.info("this process is at %.0f MB resident, its encoder's cache growing (limit %d MB, "
+                        "--encoder-memory-limit-mb): starting an encoder process to take over",
+                        resident_bytes() / _MIB, memory_limit_mb)
+        pool = _ProcessPool(workers, tokenizer_config, settings, IN_PROCESS_THREADS if workers == 1 else 1,
+                            memory_limit_mb)
+        return pool
+
+    def hand_over() -> bool:
+        """Asked before this process takes each chunk: whether the encoder processes take over now
+        (N > 1 workers: at once, they do all the encoding)."""
+        if pool is None and (workers > 1 or local.near(ENCODER_PROCESS_START)):
+            start_pool()
+        return pool is not None and (workers > 1 or pool.ready() or local.near())
+
+    def encode_all(chunks: Iterable) -> Iterator[EncodedChunk]:
+        chunks = iter(chunks)
+        yield from local.map(_until(hand_over, chunks))
+        if pool is not None:
+            local.release()
+            yield from pool.map_ordered(chunks)
+
     try:
-        yield pool.map_ordered
+        yield encode_all
         clean = True
     finally:
-        pool.close(kill=not clean)
+        if pool is not None:
+            pool.close(kill=not clean)
+        local.close()

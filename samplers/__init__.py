@@ -21,12 +21,12 @@ _LAZY = {
     "GPTDatasetConfig": "samplers.config",
     "DataParallelSampler": "samplers.sampler",
     "build_gpt_datasets": "samplers.datasets",
-    "GPTDataset": "samplers.gpt_dataset",
+    "GPTDataset": "samplers.gpt.dataset",
     "BlendedDataset": "samplers.blended_dataset",
-    "T5DatasetConfig": "samplers.t5_dataset",
-    "T5Dataset": "samplers.t5_dataset",
-    "build_t5_datasets": "samplers.t5_dataset",
-    "inspect_t5_splits": "samplers.t5_dataset",
+    "T5DatasetConfig": "samplers.t5.dataset",
+    "T5Dataset": "samplers.t5.dataset",
+    "build_t5_datasets": "samplers.t5.dataset",
+    "inspect_t5_splits": "samplers.t5.dataset",
 }
 
 __all__ = ["BlendedDataset", "DataParallelSampler", "GPTDataset", "GPTDatasetConfig", "T5Dataset", "T5DatasetConfig",

@@ -10,7 +10,7 @@ import torch
 
 from .builder import BlendedSplit
 from .config import GPTDatasetConfig
-from .gpt_dataset import GPTDataset
+from .gpt.dataset import GPTDataset
 
 
 class BlendedDataset(torch.utils.data.Dataset):

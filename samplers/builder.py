@@ -22,7 +22,7 @@ import numpy as np
 from .cache import IndexCache, description_hash
 from .config import GPTDatasetConfig
 from .errors import BlendFormatError, BlendSizeError, EmptySplitError
-from .gpt_indices import (
+from .gpt.indices import (
     CACHE_FORMAT,
     GPTIndexSpec,
     GPTIndices,

@@ -10,8 +10,8 @@ from typing import Optional, Union
 from .blended_dataset import BlendedDataset
 from .builder import MidLevelSplit, Sizes, build_split_indices
 from .config import GPTDatasetConfig
-from .gpt_dataset import GPTDataset
-from .gpt_indices import PhaseTimings
+from .gpt.dataset import GPTDataset
+from .gpt.indices import PhaseTimings
 
 TopLevelDataset = Union[GPTDataset, BlendedDataset]
 

@@ -18,7 +18,7 @@ from .builder import MidLevelSplit, SplitIndices, build_split_indices
 from .cache import save_array
 from .config import GPTDatasetConfig
 from .errors import BlendFormatError
-from .gpt_indices import GPT_INDEX_KINDS, PhaseTimings
+from .gpt.indices import GPT_INDEX_KINDS, PhaseTimings
 from .run_length import RunLength
 from .splits import DEFAULT_SPLIT, parse_blend
 

@@ -21,7 +21,8 @@ import os
 import numpy as np
 
 from indexed_dataset import IndexFormatError
-from indexed_dataset.formats import ARROW_STATE_FILE, format_of, open_reader
+from indexed_dataset.formats import format_of, open_reader
+from indexed_dataset.names import ARROW_STATE_FILE
 
 
 class TokenSource:

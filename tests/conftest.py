@@ -23,23 +23,29 @@ def golden() -> Path:
     return GOLDEN
 
 
-@pytest.fixture(scope="session", autouse=True)
-def byproducts_stay_in_pytest_tmp(tmp_path_factory):
-    """Point every library's scratch and cache directories into this session's pytest temporary folder.
+# The variables that point every library's scratch and cache directories somewhere (tempfile's, the XDG
+# cache pip and Hugging Face default to, and Hugging Face's own), and the folder each gets.
+BYPRODUCT_DIRECTORIES = {"TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "HF_HOME": "huggingface",
+                         "HF_DATASETS_CACHE": "datasets", "PIP_CACHE_DIR": "pip"}
+_saved_environment: dict[str, str] = {}
 
-    Temporary files (``tempfile``, in this process and in every child it starts), the XDG cache that pip,
-    Hugging Face ``datasets``/``hub`` and others default to, and HF's own cache variables. pytest removes
-    the folder when the session passes (``tmp_path_retention_policy = "failed"`` in pyproject.toml), so a
-    test run leaves nothing outside the repository but pytest's own ``.pytest_cache``.
-    """
-    root = tmp_path_factory.mktemp("session")
-    saved = dict(os.environ)
-    for variable, name in (("TMPDIR", "tmp"), ("XDG_CACHE_HOME", "cache"), ("HF_HOME", "huggingface"),
-                           ("HF_DATASETS_CACHE", "datasets"), ("PIP_CACHE_DIR", "pip")):
+
+def pytest_sessionstart(session):
+    """Before any test module is imported (``datasets`` makes its cache folder on import): point the
+    byproduct directories into this session's pytest temporary folder, for this process and every child
+    it starts. pytest removes the folder when the session passes (``tmp_path_retention_policy =
+    "failed"`` in pyproject.toml), so a test run leaves nothing outside the repository but pytest's own
+    ``.pytest_cache``."""
+    root = session.config._tmp_path_factory.mktemp("session")  # what tmp_path_factory itself uses
+    _saved_environment.update(os.environ)
+    for variable, name in BYPRODUCT_DIRECTORIES.items():
         (root / name).mkdir()
         os.environ[variable] = str(root / name)
     tempfile.tempdir = None  # recomputed from TMPDIR on next use
-    yield root
-    os.environ.clear()
-    os.environ.update(saved)
-    tempfile.tempdir = None
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _saved_environment:
+        os.environ.clear()
+        os.environ.update(_saved_environment)
+        tempfile.tempdir = None

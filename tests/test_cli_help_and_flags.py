@@ -11,11 +11,13 @@ import pytest
 
 from indexed_dataset.cli_parser import HelpFormatter
 from preprocess import cli as preprocess_cli
-from preprocess import convert_cli, inspect_cli, merge_cli
+from preprocess import convert_cli, merge_cli
+from trainer import inspect_cli
 from samplers import cli as build_indices_cli
 from trainer import cli as train_cli
 from trainer import convert_cli as convert_checkpoint_cli
 from trainer import generate_cli
+from trainer import plot_cli
 from trainer.cli_args import _sections, build_parser as build_train_parser
 
 PARSERS = {
@@ -27,6 +29,7 @@ PARSERS = {
     "train": build_train_parser,
     "convert-checkpoint": convert_checkpoint_cli.build_parser,
     "generate": generate_cli.build_parser,
+    "plot-metrics": plot_cli.build_parser,
 }
 
 

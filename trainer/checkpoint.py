@@ -24,6 +24,7 @@ import io
 import logging
 import os
 import pickle
+import re
 import shutil
 import warnings
 from collections.abc import Iterable
@@ -43,7 +44,7 @@ from trainer.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
-# Beside the iterations: what the tensors cannot tell about the model (`trainer.hf_convert`, `trainer.t5_convert`).
+# Beside the iterations: what the tensors cannot tell about the model (`trainer.hf_convert`, `trainer.models.t5.convert`).
 MODEL_CONFIG_FILE = "model_config.json"
 # Model tensors are saved as "model.<parameter name>", optimiser states as "optim.<parameter name>.<key>".
 MODEL_PREFIX = "model."
@@ -51,6 +52,8 @@ OPTIMIZER_PREFIX = "optim."
 # A checkpoint converted from Hugging Face: the model only, at iteration 0 (training starts afresh from it).
 IMPORTED_ITERATION = 0
 TEMP_SUFFIX = ".tmp"
+# One checkpoint's directory under a root: iter_0000100.
+_ITERATION_DIR = re.compile(r"^iter_(\d+)$")
 METADATA_FILE = ".metadata"
 # Every global DCP's ``.metadata`` pickle names (torch 2.13, read off checkpoints of every dtype we save):
 # its metadata dataclasses, the storage record of the file system writer, the memory-format enum, the layout
@@ -175,17 +178,21 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, to
     return final
 
 
-def check_load_path(root: str | os.PathLike | None) -> None:
+def check_load_path(root: str | os.PathLike | None, save: str | os.PathLike | None = None) -> None:
     """A ``--load`` path must exist (a typo must not silently train from scratch); an empty directory
-    is a fresh start.
+    is a fresh start, and so is ``--load P --save P`` with P not there yet (Megatron's and OneFlow's
+    resume-or-start idiom: the same path twice is no typo).
 
     Raises:
         CheckpointError: ``root`` does not exist or is not a directory.
     """
-    if root is not None and not Path(root).is_dir():
-        what = "is not a directory" if Path(root).exists() else "does not exist"
-        raise CheckpointError(f"the checkpoint to load, {root}, {what}: give a checkpoint root, or an empty "
-                              "directory to start from scratch")
+    if root is None or Path(root).is_dir():
+        return
+    if save is not None and not Path(root).exists() and Path(root).resolve() == Path(save).resolve():
+        return
+    what = "is not a directory" if Path(root).exists() else "does not exist"
+    raise CheckpointError(f"the checkpoint to load, {root}, {what}: give a checkpoint root, or an empty "
+                          "directory to start from scratch")
 
 
 def latest_iteration(root: str | os.PathLike) -> int | None:
@@ -205,6 +212,22 @@ def latest_iteration(root: str | os.PathLike) -> int | None:
         raise CheckpointError(f"{pointer} names iteration {iteration} but {checkpoint_dir(root, iteration)} "
                               "is missing or incomplete")
     return iteration
+
+
+def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
+    """(root, iteration) of a checkpoint root (its latest iteration) or of one ``iter_XXXXXXX`` directory.
+
+    Raises:
+        CheckpointError: ``path`` holds no checkpoint.
+    """
+    path = Path(path)
+    match = _ITERATION_DIR.match(path.name)
+    if match and (path / METADATA_FILE).is_file():
+        return path.parent, int(match.group(1))
+    iteration = latest_iteration(path)
+    if iteration is None:
+        raise CheckpointError(f"{path}: no checkpoint ({LATEST_FILE} not found)")
+    return path, iteration
 
 
 def vocab_row_names(state_names: Iterable[str], row_parameters: Iterable[str]) -> frozenset[str]:

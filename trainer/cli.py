@@ -42,10 +42,9 @@ from trainer.config_file import argv_with_config_file
 from trainer.data import check_data_files
 from trainer.distributed import launch, under_launcher
 from trainer.checkpoint import check_load_path
-from trainer.hf_convert import checkpoint_train_defaults, hf_train_defaults
-from trainer.hf_t5 import is_hf_t5_directory
+from trainer.hf_convert import checkpoint_train_defaults
 from trainer.parallel_dims import resolve_parallel_dims
-from trainer.t5_convert import t5_train_defaults
+from trainer.models import spec_for_hf_directory
 from trainer.train import train
 
 PROG = "train"
@@ -128,11 +127,10 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     parser.set_defaults(**environment_defaults())
     known, _ = parser.parse_known_args(argv)
     if known.load_hf is not None:
-        defaults = t5_train_defaults if is_hf_t5_directory(known.load_hf) else hf_train_defaults
-        for values in defaults(known.load_hf).values():
+        for values in spec_for_hf_directory(known.load_hf).hf_train_defaults(known.load_hf).values():
             parser.set_defaults(**values)
     elif known.load is not None:
-        check_load_path(known.load)
+        check_load_path(known.load, known.save)
         for values in checkpoint_train_defaults(known.load).values():
             parser.set_defaults(**values)
     return parser

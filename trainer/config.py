@@ -26,8 +26,9 @@ from samplers.errors import SplitFormatError
 from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
 from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_split
 from trainer.errors import TrainConfigError
+from trainer.models import FAMILIES
 
-MODEL_KINDS = ("gpt", "t5")
+MODEL_KINDS = tuple(FAMILIES)
 # T5's MLP kinds (Hugging Face's feed_forward_proj): v1.0's ReLU, v1.1/mT5's gated GELU.
 FEED_FORWARD_KINDS = ("relu", "gated-gelu")
 # Megatron's default: the loss scale starts at 2**32 and halves on every overflow until it fits.

@@ -148,7 +148,7 @@ def step_iterator(dataset, consumed_samples: int, micro_batch_size: int, num_mic
     """This dp rank's micro-batches, one list per optimiser step, from ``consumed_samples`` on.
 
     ``collate_fn(items, vocab_size)`` stacks a micro-batch's items (default: GPT's `collate`;
-    T5 passes `trainer.t5_data.collate_t5`).
+    T5 passes `trainer.models.t5.data.collate_t5`).
     """
     sampler = DataParallelSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
                                   micro_batch_size=micro_batch_size, data_parallel_rank=dp_rank,

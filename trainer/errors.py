@@ -16,3 +16,7 @@ class CheckpointError(TokenmillError):
 
 class RendezvousError(TokenmillError):
     """The nodes of a multi-node run did not all meet at start-up within the rendezvous timeout."""
+
+
+class HFConversionError(CheckpointError):
+    """A Hugging Face directory or config is not one we can convert; the message names the file/tensor."""

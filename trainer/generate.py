@@ -27,10 +27,11 @@ from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generation.kv_cache import KVCache
 from trainer.generation.parallel import GenerationLayout, ShardedGPT
 from trainer.generation.sampling import SamplingConfig, next_tokens
-from trainer.hf_convert import MODEL_CONFIG_FILE, MODEL_PREFIX, load_hf_weights, read_model_config, resolve_checkpoint
+from trainer.checkpoint import resolve_checkpoint
+from trainer.hf_convert import MODEL_CONFIG_FILE, MODEL_PREFIX, load_hf_weights, read_model_config
 from trainer.hf_files import is_hf_directory, read_hf_config, tokenizer_config_for_directory
-from trainer.hf_gpt2 import check_hf_config, shape_from_hf_config
-from trainer.model import GPTShape
+from trainer.models.gpt.hf import check_hf_config, shape_from_hf_config
+from trainer.models.gpt.model import GPTShape
 from trainer.parallel_dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)

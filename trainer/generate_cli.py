@@ -33,9 +33,9 @@ from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_confi
 from trainer.cli_flags import flags_in_message
 from trainer.config import LaunchConfig
 from trainer.distributed import launch, under_launcher
-from trainer.generate import GenerateConfig, generate, plan_generation
+from trainer.generate import GenerateConfig, plan_generation
 from trainer.generation.sampling import SamplingConfig
-from trainer.t5_generate import generate_t5, is_t5_source
+from trainer.models import spec_for_source
 
 PROG = "generate"
 EXIT_ERROR = 1
@@ -121,8 +121,7 @@ def _run(config: GenerateConfig) -> list[dict] | None:
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
-        run = generate_t5 if is_t5_source(config.load) else generate
-        return [asdict(c) for c in run(config)]
+        return [asdict(c) for c in spec_for_source(config.load).generate(config)]
     except REPORTED_ERRORS as error:
         if rank == 0:
             _fail(str(error))
@@ -155,8 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         _fail(str(error))
         return EXIT_USAGE
     try:
-        if launch_config.num_gpus_per_node > 1 and is_t5_source(config.load):
-            _fail("T5 generation runs in one process: use --nproc-per-node 1")
+        spec = spec_for_source(config.load)
+        if launch_config.num_gpus_per_node > 1 and not spec.parallel_generation:
+            _fail(f"{spec.name} generation runs in one process: use --nproc-per-node 1")
             return EXIT_USAGE
     except REPORTED_ERRORS as error:
         _fail(str(error))

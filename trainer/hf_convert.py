@@ -1,5 +1,5 @@
 """Hugging Face GPT-2 directories <-> tokenmill checkpoints, and HF weights into a (parallel) model
-(T5/mT5 directories and T5 checkpoints are passed on to `trainer.t5_convert`).
+(T5/mT5 directories and T5 checkpoints are passed on to `trainer.models.t5.convert`).
 
 A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint`) with the model only, at
 iteration 0, so ``train --load`` starts from it in any tp/pp/dp layout. Beside it, in the checkpoint
@@ -34,8 +34,8 @@ from trainer.checkpoint import (
     SafeFileSystemReader,
     checkpoint_dir,
     copy_into_parameter,
-    latest_iteration,
     load_checkpoint,
+    resolve_checkpoint,
     save_checkpoint,
 )
 from trainer.errors import CheckpointError
@@ -48,22 +48,15 @@ from trainer.hf_files import (
     write_hf_directory,
     write_json,
 )
-from trainer.hf_gpt2 import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
-from trainer.hf_t5 import is_hf_t5_directory
-from trainer.model import GPT, GPTShape
+from trainer.models import spec_for_checkpoint, spec_for_hf_directory
+from trainer.models.gpt.hf import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
+from trainer.models.gpt.model import GPT, GPTShape
 from trainer.parallel_dims import pad_vocab_size
-from trainer.t5_convert import (
-    export_t5_checkpoint,
-    import_hf_t5_checkpoint,
-    read_t5_model_config,
-    t5_shape_defaults,
-)
 
 logger = logging.getLogger(__name__)
 
 # The trainer's defaults for the vocabulary padding (Megatron's --make-vocab-size-divisible-by).
 DEFAULT_DIVISIBLE_BY = 128
-_ITERATION_DIR = re.compile(r"^iter_(\d+)$")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -118,7 +111,7 @@ class CheckpointModel:
 def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
     """Write ``model_config.json`` into a checkpoint root (call on one rank)."""
     Path(root).mkdir(parents=True, exist_ok=True)
-    # The checkpoint's tensors are unfused whatever the run computed with (`trainer.fused_qkv`), so the
+    # The checkpoint's tensors are unfused whatever the run computed with (`trainer.models.gpt.fused_qkv`), so the
     # fusion switch is the saving run's, not the checkpoint's: it is left out.
     shape = {name: value for name, value in dataclasses.asdict(model.shape).items() if name != "fused_qkv"}
     write_json(Path(root) / MODEL_CONFIG_FILE, {"shape": shape,
@@ -144,22 +137,6 @@ def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
         raise CheckpointError(f"{path}: malformed model config ({error!r})") from None
 
 
-def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
-    """(root, iteration) of a checkpoint root (its latest iteration) or of one ``iter_XXXXXXX`` directory.
-
-    Raises:
-        CheckpointError: ``path`` holds no checkpoint.
-    """
-    path = Path(path)
-    match = _ITERATION_DIR.match(path.name)
-    if match and (path / ".metadata").is_file():
-        return path.parent, int(match.group(1))
-    iteration = latest_iteration(path)
-    if iteration is None:
-        raise CheckpointError(f"{path}: no checkpoint ({LATEST_FILE} not found)")
-    return path, iteration
-
-
 def model_config_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
     """The `trainer.config.ModelConfig` fields that a (checked) HF GPT-2 config fixes (for ``train --load-hf``)."""
     return _model_fields(shape_from_hf_config(hf_config), hf_config["vocab_size"])
@@ -174,15 +151,17 @@ def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
 
 
 def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """Defaults that ``train --load ROOT`` takes from a checkpoint root, by `TrainConfig` section: the model
-    of its ``model_config.json`` (GPT or T5) and its tokenizer files. {} for a root without a model config
-    (an empty directory: training starts from scratch)."""
-    t5 = read_t5_model_config(root)
-    if t5 is not None:
-        return {**t5_shape_defaults(t5["shape"], t5["vocab_size"]), **tokenizer_train_defaults(root)}
-    model = read_model_config(root)
-    if model is None:
+    """Defaults that ``train --load ROOT`` takes from a checkpoint root, by `TrainConfig` section: what its
+    family's spec reads from ``model_config.json`` and the tokenizer files. {} for a root without a model
+    config (an empty directory: training starts from scratch)."""
+    if not (Path(root) / MODEL_CONFIG_FILE).is_file():
         return {}
+    return spec_for_checkpoint(root).checkpoint_train_defaults(root)
+
+
+def gpt_checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """GPT's `checkpoint_train_defaults`: the shape and real vocabulary of model_config.json, the tokenizer."""
+    model = read_model_config(root)
     return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size)},
             **tokenizer_train_defaults(root)}
 
@@ -349,16 +328,7 @@ def load_hf_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: st
 
 def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:
     """Run one conversion; returns what was written (the checkpoint directory or the HF directory)."""
-    if config.from_hf is not None and is_hf_t5_directory(config.from_hf):
-        return import_hf_t5_checkpoint(config.from_hf, config.to,
-                                       config.make_vocab_size_divisible_by or DEFAULT_DIVISIBLE_BY,
-                                       config.tensor_model_parallel_size or 1)
     if config.from_hf is not None:
-        return import_hf_checkpoint(config.from_hf, config.to,
-                                    config.make_vocab_size_divisible_by or DEFAULT_DIVISIBLE_BY,
-                                    config.tensor_model_parallel_size or 1)
-    root, iteration = resolve_checkpoint(config.from_checkpoint)
-    if read_t5_model_config(root) is not None:
-        return export_t5_checkpoint(root, iteration, config.to_hf, verify=not config.no_verify)
-    return export_hf_checkpoint(config.from_checkpoint, config.to_hf, config.num_attention_heads, config.vocab_size,
-                                verify=not config.no_verify)
+        return spec_for_hf_directory(config.from_hf).import_hf_checkpoint(config)
+    root, _ = resolve_checkpoint(config.from_checkpoint)
+    return spec_for_checkpoint(root).export_hf_checkpoint(config)

@@ -26,7 +26,7 @@ import torch
 
 from indexed_dataset.permissions import give_default_permissions
 from preprocess.tokenizers import TokenizerConfig
-from trainer.hf_gpt2 import HFConversionError
+from trainer.errors import HFConversionError
 
 logger = logging.getLogger(__name__)
 

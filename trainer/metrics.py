@@ -1,4 +1,6 @@
-"""Training and evaluation metrics: the Megatron-style log line, a JSON-lines file, TensorBoard, FLOPs.
+"""Training and evaluation metrics: the Megatron-style log line, a JSON-lines file, TensorBoard, MFU.
+
+Each family counts its own FLOPs per token (`ModelSpec.training_parts`), with `FORWARD_BACKWARD_FACTOR`.
 
 Only rank 0 writes. TFLOP/s count model FLOPs (forward + backward = 3 x forward matmul FLOPs; the
 recomputation of activation checkpointing is not counted), per device; MFU divides them by the
@@ -16,8 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.model import GPTShape
-from trainer.t5_model import T5Shape
+from trainer.metrics_records import consumed_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -25,38 +26,8 @@ logger = logging.getLogger(__name__)
 PEAK_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "A800": 312e12, "H800": 989.4e12}
 # forward + backward: the backward pass costs two forward passes.
 FORWARD_BACKWARD_FACTOR = 3
-# A gated MLP (T5 v1.1) projects its input twice: the gate and the value.
-GATED_INPUTS = 2
 # Megatron caps the loss at 20 before exponentiating: larger perplexities carry no information.
 PERPLEXITY_LOSS_CAP = 20.0
-
-
-def model_flops_per_token(shape: GPTShape, seq_length: int) -> float:
-    """Training FLOPs per token: 3 x (q/k/v/o + MLP + attention-score matmuls + output head), 2 FLOPs per MAC."""
-    h, ffn = shape.hidden_size, shape.ffn_hidden_size
-    per_layer = 2 * (4 * h * h + 2 * h * ffn) + 2 * 2 * seq_length * h
-    return FORWARD_BACKWARD_FACTOR * (shape.num_layers * per_layer + 2 * h * shape.padded_vocab_size)
-
-
-def t5_flops_per_token(shape: T5Shape, encoder_length: int, decoder_length: int) -> float:
-    """Training FLOPs per sample position (encoder + decoder), counted as `model_flops_per_token`.
-
-    Per sample: encoder blocks (q/k/v/o, MLP, scores over ``encoder_length``) on every encoder
-    position; decoder blocks (self-attention, MLP, cross-attention q/o and scores) on every decoder
-    position, plus the cross-attention k/v projections of every encoder position; the LM head on
-    every decoder position. Gated-GELU MLPs have two input projections.
-    """
-    d, inner, d_ff = shape.d_model, shape.num_heads * shape.d_kv, shape.d_ff
-    mlp = 2 * (GATED_INPUTS if shape.feed_forward == "gated-gelu" else 1) * d * d_ff + 2 * d_ff * d
-    projections = 2 * 4 * d * inner
-    encoder = shape.num_encoder_layers * encoder_length * (projections + mlp + 2 * 2 * encoder_length * inner)
-    decoder_position = (projections + 2 * 2 * decoder_length * inner  # self-attention
-                        + 2 * 2 * d * inner + 2 * 2 * encoder_length * inner  # cross-attention q, o and scores
-                        + mlp)
-    cross_kv = 2 * 2 * d * inner * encoder_length
-    decoder = shape.num_decoder_layers * (decoder_length * decoder_position + cross_kv)
-    head = 2 * d * shape.vocab_size * decoder_length
-    return FORWARD_BACKWARD_FACTOR * (encoder + decoder + head) / (encoder_length + decoder_length)
 
 
 def device_peak_flops(device: torch.device, low_precision: bool) -> float | None:
@@ -158,10 +129,9 @@ class MetricsWriter:
             return
         logger.info(stats.log_line())
         record = {name: getattr(stats, name) for name in stats.__slots__ if name != "train_iters"}
+        record["consumed_tokens"] = consumed_tokens(record)
         self._write(record)
-        if self._tensorboard is not None:
-            for name in ("loss", "lr", "grad_norm", "loss_scale", "tokens_per_second", "ms_per_iteration"):
-                self._tensorboard.add_scalar(f"train/{name}", getattr(stats, name), stats.iteration)
+        self._add_scalars("train", record)
 
     def evaluation(self, iteration: int, split: str, loss: float) -> None:
         if not self.enabled:
@@ -169,9 +139,18 @@ class MetricsWriter:
         perplexity = math.exp(min(loss, PERPLEXITY_LOSS_CAP))
         logger.info(" %s loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E", split, iteration, loss,
                     perplexity)
-        self._write({"iteration": iteration, "split": split, "loss": loss, "perplexity": perplexity})
-        if self._tensorboard is not None:
-            self._tensorboard.add_scalar(f"{split}/loss", loss, iteration)
+        record = {"iteration": iteration, "split": split, "loss": loss, "perplexity": perplexity}
+        self._write(record)
+        self._add_scalars(split, record)
+
+    def _add_scalars(self, section: str, record: dict) -> None:
+        """Every number of a JSON-lines ``record`` as TensorBoard scalar ``section/key`` at its iteration
+        (the same series as the file; None, an MFU the device's peak does not give, is left out)."""
+        if self._tensorboard is None:
+            return
+        for name, value in record.items():
+            if name != "iteration" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._tensorboard.add_scalar(f"{section}/{name}", value, record["iteration"])
 
     def close(self) -> None:
         if self._file is not None:

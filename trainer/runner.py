@@ -22,11 +22,11 @@ from torch.distributed.tensor.parallel import loss_parallel
 from trainer.checkpoint import copy_into_parameter
 from trainer.config import ParallelismConfig
 from trainer.data import IGNORE_INDEX, MicroBatch
-from trainer.fused_qkv import from_checkpoint, is_fused_name, to_checkpoint
+from trainer.models.gpt.fused_qkv import from_checkpoint, is_fused_name, to_checkpoint
 from trainer.grads import sync_tied_embedding_grad
-from trainer.model import GPT, GPTShape
+from trainer.models.gpt.model import GPT, GPTShape
 from trainer.parallel_dims import ParallelDims
-from trainer.parallelize import apply_ac, apply_ddp, apply_fsdp, apply_tp
+from trainer.models.gpt.parallelize import apply_ac, apply_ddp, apply_fsdp, apply_tp
 from trainer.pipeline import build_schedule, split_stage, stage_ids_of_rank, tied_embedding_group
 
 TIED_WEIGHT_NAME = "tok_embeddings.weight"
@@ -44,7 +44,7 @@ class ParallelModel:
     Every rank builds the full model on the meta device, splits and shards it there, then allocates
     its own share and fills it with that share of the full model's initial values drawn from ``seed``
     (identical init in every layout, `_materialize`). The GPT is the default; another model
-    (`trainer.t5_runner.ParallelT5`) overrides the model hooks (``_build``, ``_num_layers``, ``_split``,
+    (`trainer.models.t5.runner.ParallelT5`) overrides the model hooks (``_build``, ``_num_layers``, ``_split``,
     ``_apply_tp``, ``_apply_fsdp``, ``_tied_names``) and the batch hooks (``_forward``,
     ``_first_stage_inputs``).
     """
@@ -173,7 +173,7 @@ class ParallelModel:
 
     def checkpoint_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``state`` (a run's checkpoint tensors: ``model.<name>``, ``optim.<name>.<key>``, ...) under the
-        names checkpoints hold, q, k and v apart (`trainer.fused_qkv.to_checkpoint`); ``state`` itself when
+        names checkpoints hold, q, k and v apart (`trainer.models.gpt.fused_qkv.to_checkpoint`); ``state`` itself when
         the model has no fused projection. Collective under tensor parallelism and FSDP2."""
         if not any(is_fused_name(name) for name in state):
             return state

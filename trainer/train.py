@@ -1,7 +1,9 @@
 """`train(config)`: the training loop behind the ``train`` command.
 
 One process or many (under torchrun, ``train --num-gpus-per-node N``, or a process group the caller
-already set up): the loop is the same; the layout lives in `trainer.runner.ParallelModel`.
+already set up): the loop is the same; the layout lives in `trainer.runner.ParallelModel`, and what is
+particular to a model family (its shape, data, model, checkpoint names, HF weights) is asked of its
+`trainer.models.spec.ModelSpec`: the loop never tests which family it runs.
 
     from trainer.config import TrainConfig, ModelConfig, DataConfig, TrainingConfig
     result = train(TrainConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -31,47 +33,19 @@ from trainer.checkpoint import (
     vocab_row_names,
 )
 from trainer.config import TrainConfig
-from trainer.data import (
-    Prefetcher,
-    Vocabulary,
-    build_datasets,
-    collate,
-    explained_sample_counts,
-    resolve_vocabulary,
-    step_iterator,
-)
+from trainer.data import Prefetcher, explained_sample_counts, step_iterator
 from trainer.distributed import DistContext, init_distributed, resolve_device_type
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
-from trainer.hf_convert import (
-    MODEL_PREFIX,
-    CheckpointModel,
-    is_model_only_checkpoint,
-    load_hf_weights,
-    save_model_config,
-)
+from trainer.hf_convert import MODEL_PREFIX, is_model_only_checkpoint
 from trainer.hf_files import copy_tokenizer_files
-from trainer.metrics import (
-    MetricsWriter,
-    TrainStats,
-    device_peak_flops,
-    model_flops_per_token,
-    t5_flops_per_token,
-)
-from trainer.model import GPT, GPTShape
+from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops
+from trainer.models import model_spec
 from trainer.optim import LossScaler, LRSchedule, build_optimizer, init_optimizer_state, set_lr
-from trainer.parallel_dims import ParallelDims, pad_vocab_size, resolve_parallel_dims
-from trainer.runner import TIED_WEIGHT_NAME, ParallelModel
-from trainer.t5_config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
-from trainer.t5_convert import T5_MODEL, VOCAB_ROWS, load_hf_t5_weights, save_t5_model_config
-from trainer.t5_data import collate_t5
-from trainer.t5_model import T5
-from trainer.t5_runner import ParallelT5
+from trainer.parallel_dims import ParallelDims, resolve_parallel_dims
 
 logger = logging.getLogger(__name__)
 
 METRICS_FILE_NAME = "metrics.jsonl"
-# The GPT parameters whose rows are the padded vocabulary: the embedding and an untied head.
-GPT_VOCAB_ROWS = (TIED_WEIGHT_NAME, "output.weight")
 # Megatron seeds each pipeline stage differently so dropout masks differ between stages.
 PIPELINE_SEED_STRIDE = 100
 
@@ -89,17 +63,6 @@ class TrainResult:
     """Global gradient norm of each step this call ran."""
     eval_losses: dict[str, float] = field(default_factory=dict)
     """Latest loss per evaluated split ("valid", "test")."""
-
-
-def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
-    """The model's dimensions with the vocabulary padded for ``tp``."""
-    m = config.model
-    return GPTShape(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
-                    ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.max_position_embeddings,
-                    padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
-                    hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
-                    init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon,
-                    fused_qkv=m.fused_qkv)
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -124,48 +87,30 @@ class _Run:
 
     def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
         self.config, self.ctx = config, ctx
-        check_load_path(config.checkpoint.load)
+        check_load_path(config.checkpoint.load, config.checkpoint.save)
         # Everything that can fail on bad input happens before the first collective (mesh creation).
-        self.is_t5 = config.model.model == "t5"
-        if self.is_t5:
-            special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
-            self.vocabulary = Vocabulary(size=config.model.vocab_size or special.vocab_size, eod_id=special.eos,
-                                         pad_id=special.pad)
-        else:
-            self.vocabulary = resolve_vocabulary(config.data, config.model.vocab_size)
+        self.spec = model_spec(config.model.model)
         self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size)
         # Megatron's split sizes: the validation split holds every evaluation's own samples.
         self.run_length = RunLength(train_iters=config.training.train_iters,
                                     global_batch_size=self.dims.global_batch_size,
                                     eval_interval=config.logging.eval_interval, eval_iters=config.logging.eval_iters)
-        sizes = self.run_length.sizes()
-        if self.is_t5:
-            self.shape = t5_shape(config.model, config.t5, self.vocabulary.size, self.dims.tp)
-            with explained_sample_counts(self.run_length, config.data.split):
-                self.train_ds, self.valid_ds, self.test_ds = build_t5_training_datasets(config.data, config.t5,
-                                                                                        special, sizes)
-            self.collate, model_class = collate_t5, ParallelT5
-            self.tokens_per_sample = config.t5.encoder_seq_length + config.t5.decoder_seq_length
-        else:
-            self.shape = model_shape(config, self.vocabulary.size, self.dims.tp)
-            with explained_sample_counts(self.run_length, config.data.split):
-                self.train_ds, self.valid_ds, self.test_ds = build_datasets(config.data, config.model.seq_length,
-                                                                            self.vocabulary, sizes)
-            self.collate, model_class = collate, ParallelModel
-            self.tokens_per_sample = config.model.seq_length
+        with explained_sample_counts(self.run_length, config.data.split):
+            parts = self.spec.training_parts(config, self.dims.tp, self.run_length.sizes())
+        self.vocabulary, self.shape, self.collate = parts.vocabulary, parts.shape, parts.collate
+        self.train_ds, self.valid_ds, self.test_ds = parts.datasets
+        self.tokens_per_sample, self.flops_per_token = parts.tokens_per_sample, parts.flops_per_token
         self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
         coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
         self.dp_rank = coords["dp"]
         autocast = _autocast_dtype(config, ctx.device, ctx.rank)
-        self.model = model_class(self.shape, self.dims, self.mesh, config.parallelism, ctx.device, config.data.seed,
-                                   config.training.checkpoint_activations, autocast)
-        # The HF model type a T5 checkpoint records (t5 or mt5), for `convert-checkpoint --to-hf`.
-        self.t5_model_type = T5_MODEL
-        if config.checkpoint.load_hf is not None and self.is_t5:
-            self.t5_model_type = load_hf_t5_weights(self.model.named_parameters(), config.checkpoint.load_hf,
-                                                    self.shape)
-        elif config.checkpoint.load_hf is not None:
-            load_hf_weights(self.model.named_parameters(), config.checkpoint.load_hf, self.shape)
+        self.model = self.spec.parallel_model(self.shape, self.dims, self.mesh, config.parallelism, ctx.device,
+                                              config.data.seed, config.training.checkpoint_activations, autocast)
+        # The HF model type the checkpoints record (t5 or mt5, say), for `convert-checkpoint --to-hf`.
+        self.hf_model_type = self.spec.hf_model_types[0]
+        if config.checkpoint.load_hf is not None:
+            self.hf_model_type = self.spec.load_hf_weights(self.model.named_parameters(), config.checkpoint.load_hf,
+                                                           self.shape)
         torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
         self.params = [p for _, p in self.model.named_parameters()]
         uses_dtensors = self.dims.tp > 1 or self.model.uses_fsdp
@@ -180,9 +125,6 @@ class _Run:
         if metrics_file is None and config.checkpoint.save is not None:
             metrics_file = str(Path(config.checkpoint.save) / METRICS_FILE_NAME)
         self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0, self.iteration)
-        self.flops_per_token = (t5_flops_per_token(self.shape, config.t5.encoder_seq_length,
-                                                   config.t5.decoder_seq_length) if self.is_t5
-                                else model_flops_per_token(self.shape, config.model.seq_length))
         self.peak_flops = device_peak_flops(ctx.device, autocast is not None)
 
     # -- checkpoints ------------------------------------------------------------------------------------
@@ -208,11 +150,8 @@ class _Run:
         root = self.config.checkpoint.save
         # What the tensors cannot tell (head count, real vocabulary) and the tokenizer, so that
         # `convert-checkpoint --to-hf` and `generate` need no extra flags.
-        if self.ctx.rank == 0 and self.is_t5:
-            save_t5_model_config(root, self.shape, self.vocabulary.size, self.vocabulary.eod_id, self.vocabulary.pad_id,
-                                 self.t5_model_type)
-        elif self.ctx.rank == 0:
-            save_model_config(root, CheckpointModel(self.shape, self.vocabulary.size, self.vocabulary.eod_id))
+        if self.ctx.rank == 0:
+            self.spec.save_model_config(root, self.shape, self.vocabulary, self.hf_model_type)
         if self.ctx.rank == 0 and self.config.checkpoint.load_hf is not None:
             copy_tokenizer_files(self.config.checkpoint.load_hf, root)
         save_checkpoint(root, self.iteration, self.model.checkpoint_state(self._state()))
@@ -225,8 +164,8 @@ class _Run:
                 logger.warning("no checkpoint in %s: training from scratch", root)
             return
         with torch.device("meta"):
-            # Checkpoints hold q, k and v apart whether or not this run fuses them (`trainer.fused_qkv`).
-            full_model = T5(self.shape) if self.is_t5 else GPT(self.shape.unfused())
+            # Checkpoints hold q, k and v apart whether or not this run fuses them (`trainer.models.gpt.fused_qkv`).
+            full_model = self.spec.checkpoint_model(self.shape)
             model_names = frozenset(f"model.{name}" for name, _ in full_model.named_parameters())
         verify = not self.config.checkpoint.no_verify
         if is_model_only_checkpoint(root, iteration, verify):
@@ -260,7 +199,7 @@ class _Run:
 
     def _vocab_rows(self, state: dict[str, torch.Tensor]) -> frozenset[str]:
         """The checkpoint names whose rows are the padded vocabulary (re-padded when the layout changed)."""
-        return vocab_row_names(state, VOCAB_ROWS if self.is_t5 else GPT_VOCAB_ROWS)
+        return vocab_row_names(state, self.spec.vocab_rows)
 
     # -- steps ------------------------------------------------------------------------------------------
 

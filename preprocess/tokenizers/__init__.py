@@ -10,6 +10,7 @@ Every file is local; nothing is downloaded.
 
 from __future__ import annotations
 
+from ..errors import TokenizerError
 from .base import RaggedTokens, Tokenizer
 from .config import TOKENIZER_TYPES, TokenizerConfig
 
@@ -44,4 +45,4 @@ def build_tokenizer(config: TokenizerConfig) -> Tokenizer:
     return NullTokenizer(config.vocab_size)
 
 
-__all__ = ["TOKENIZER_TYPES", "RaggedTokens", "Tokenizer", "TokenizerConfig", "build_tokenizer"]
+__all__ = ["TOKENIZER_TYPES", "RaggedTokens", "Tokenizer", "TokenizerConfig", "TokenizerError", "build_tokenizer"]

@@ -20,7 +20,8 @@ import pytest
 
 from damage_campaign import GOLDEN_MINDRECORD, GOLDEN_MMAP, OUTCOMES, run_campaign
 from indexed_dataset import IndexFormatError, ShardFormatError, convert, open_reader
-from preprocess import convert_cli, inspect_cli, merge_cli
+from preprocess import convert_cli, merge_cli
+from trainer import inspect_cli
 
 # Outcomes a correct tool never produces (see damage_campaign.OUTCOMES).
 WRONG_OUTCOMES = [outcome for outcome in OUTCOMES if outcome not in ("clean_error", "accepted")]

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from preprocess.documents import assemble_documents, split_column
-from preprocess.jsonl import TextColumn
+from preprocess.chunks import TextColumn
 from preprocess.sentences import SentenceSplitter
 
 EOD = 99

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from indexed_dataset import IndexedDataset
-from preprocess import inspect_cli
-from preprocess.inspect import inspect_dataset
+from trainer import inspect_cli
+from indexed_dataset.inspect import inspect_dataset
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from preprocess_testing import GOLDEN, GPT2_FLAGS, GPT2_MERGES, GPT2_VOCAB, sample_texts
 
@@ -175,7 +175,7 @@ def sentence_prefix(tmp_path_factory):
 
 def test_t5_training_view_shows_the_span_corrupted_samples_training_reads(sentence_prefix, tmp_path, capsys):
     from preprocess.tokenizers.t5 import t5_special_ids
-    from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets
+    from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets
 
     argv = [sentence_prefix, "--model", "t5", "--seq-length", "64", "--decoder-seq-length", "32", "--split", "98,2,0",
             "--samples", "0,-1", "--data-cache-path", str(tmp_path), "--json", *SP_FLAGS]

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from indexed_dataset import convert
-from preprocess import inspect_cli
-from preprocess.inspect import inspect_dataset
+from trainer import inspect_cli
+from indexed_dataset.inspect import inspect_dataset
 
 GOLDEN_PREFIX = "sample_en_eod_text_document"
 GPT2_FLAGS = ["--tokenizer-type", "GPT2BPETokenizer"]

@@ -142,9 +142,21 @@ def big_input(tmp_path):
 
 def _start(tmp_path, source: str, *flags: str) -> subprocess.Popen:
     """preprocess-data in its own process group (so a group signal reaches its workers, not pytest)."""
+    # faulthandler: a run that hangs is made to print every thread's stack (`_finish`).
     return subprocess.Popen([sys.executable, "-m", "preprocess.cli", *_argv(tmp_path, source, *flags)],
-                            env={**os.environ, "PYTHONPATH": REPO}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+                            env={**os.environ, "PYTHONPATH": REPO, "PYTHONFAULTHANDLER": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+
+
+def _finish(process: subprocess.Popen) -> bytes:
+    """The run's stderr once it has ended; a run still going after WAIT_SECONDS hangs: fail with the stacks
+    of its threads (SIGABRT makes faulthandler print them)."""
+    try:
+        return process.communicate(timeout=WAIT_SECONDS)[1]
+    except subprocess.TimeoutExpired:
+        process.send_signal(signal.SIGABRT)
+        err = process.communicate()[1].decode(errors="replace")
+        pytest.fail(f"preprocess-data hangs after the signal; its threads:\n{err[-6000:]}")
 
 
 def _staged_names(tmp_path) -> list[str]:
@@ -187,7 +199,7 @@ def test_a_signal_ends_the_run_with_one_line_and_leaves_nothing(tmp_path, big_in
     process = _start(tmp_path, big_input, *KEYS_AND_FORMATS, "--workers", workers, "--chunk-bytes", "100000")
     _wait_until_staging_holds(tmp_path, process)
     os.killpg(process.pid, signal_number)  # as a terminal's Ctrl-C or a scheduler does: the whole group
-    _, err = process.communicate(timeout=WAIT_SECONDS)
+    err = _finish(process)
     lines = [line for line in err.decode().splitlines() if line.startswith("preprocess-data")
              or "Traceback" in line or "Error" in line]
     assert lines == [f"preprocess-data: interrupted ({signal.Signals(signal_number).name}); nothing half-written "

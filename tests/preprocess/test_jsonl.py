@@ -7,7 +7,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from preprocess.inputs import JsonLinesChunk
+from preprocess.jsonl import JsonLinesChunk
 from preprocess.jsonl import _parse_exact, _parse_fast, parse_json_lines
 
 texts = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), max_size=30)

@@ -9,7 +9,7 @@ import json
 
 from indexed_dataset import IndexedDataset
 from preprocess import cli
-from preprocess.inspect import join_sentences
+from indexed_dataset.inspect import join_sentences
 from preprocess.sentences import SentenceSplitter
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from preprocess_testing import GPT2_FLAGS, GPT2_MERGES, GPT2_VOCAB, write_jsonl
@@ -35,7 +35,7 @@ def test_decoded_sentences_with_keep_newlines_give_back_the_document(tmp_path):
 
 
 def test_inspect_index_decodes_split_sentences_with_the_space_between_them(tmp_path, capsys):
-    from preprocess import inspect_cli
+    from trainer import inspect_cli
 
     source = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": TEXT}])
     assert cli.main(["--input", source, "--output-prefix", str(tmp_path / "out"), *GPT2_FLAGS,

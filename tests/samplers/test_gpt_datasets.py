@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from indexed_dataset import IndexedDataset
 from samplers import BlendedDataset, GPTDataset, GPTDatasetConfig, build_gpt_datasets
 from samplers.errors import BlendFormatError, EmptySplitError
-from samplers.gpt_dataset import document_attention_mask, reset_position_ids
+from samplers.gpt.dataset import document_attention_mask, reset_position_ids
 
 LENGTHS = [5, 1, 17, 3, 40, 2, 9, 11, 1, 26, 8, 13]
 

@@ -12,7 +12,7 @@ import pytest
 from samplers import GPTDatasetConfig
 from samplers.builder import DEFAULT_CACHE_DIRNAME, build_split_indices
 from samplers.cache import IndexCache
-from samplers.gpt_indices import PhaseTimings
+from samplers.gpt.indices import PhaseTimings
 
 LENGTHS = np.random.RandomState(0).randint(1, 300, size=20_000)
 SIZES = (50_000, 2_000, None)

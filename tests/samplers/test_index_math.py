@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from samplers.gpt_indices import GPTIndexSpec, build_gpt_indices, plan_epochs
+from samplers.gpt.indices import GPTIndexSpec, build_gpt_indices, plan_epochs
 from samplers.errors import EmptySplitError
 from samplers.indices import (
     MID_LEVEL_DATASET_SURPLUS,

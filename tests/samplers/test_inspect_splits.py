@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from samplers.inspect import inspect_splits
+from samplers.gpt.inspect import inspect_splits
 
 
 def test_one_epoch_report_matches_megatron(golden, manifest, tmp_path):

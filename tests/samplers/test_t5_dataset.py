@@ -10,8 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from indexed_dataset import IndexedDatasetWriter
-from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets, format_t5_ids, inspect_t5_splits
-from samplers.t5_indices import (
+from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets, format_t5_ids, inspect_t5_splits
+from samplers.t5.indices import (
     LONG_SENTENCE_LEN,
     _mt32_next,
     _mt32_seed,
@@ -21,7 +21,7 @@ from samplers.t5_indices import (
     shuffle_rows,
     t5_walk_reference,
 )
-from samplers.t5_masking import corrupt_spans, random_spans_noise_mask
+from samplers.t5.masking import corrupt_spans, random_spans_noise_mask
 
 VOCAB_SIZE = 1000
 NUM_SENTINELS = 100

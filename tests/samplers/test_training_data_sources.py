@@ -8,15 +8,15 @@ import json
 import numpy as np
 
 from indexed_dataset import convert
-from preprocess.inspect_cli import main as inspect_index
-from preprocess.training_view import TrainingViewConfig
 from samplers import GPTDatasetConfig, build_gpt_datasets
 from samplers.cli import main as build_indices
 from samplers.prebuild import BuildIndicesConfig
 from samplers.run_length import RunLength
 from samplers.splits import DEFAULT_SPLIT
-from samplers.t5_dataset import T5DatasetConfig
+from samplers.t5.dataset import T5DatasetConfig
+from samplers.view import TrainingViewConfig
 from trainer.config import DataConfig
+from trainer.inspect_cli import main as inspect_index
 
 SEQ = 64
 

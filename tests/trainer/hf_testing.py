@@ -105,7 +105,7 @@ def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
     from trainer.data import MicroBatch
     from trainer.hf_convert import MODEL_PREFIX, checkpoint_model, load_hf_weights
     from trainer.hf_files import is_hf_directory, read_hf_config
-    from trainer.hf_gpt2 import shape_from_hf_config
+    from trainer.models.gpt.hf import shape_from_hf_config
     from trainer.optim import build_optimizer
     from trainer.parallel_dims import ParallelDims, pad_vocab_size
     from trainer.runner import ParallelModel

@@ -3,7 +3,7 @@
 - ``train --load`` of a ``convert-checkpoint --from-hf`` checkpoint takes the model shape and the
   tokenizer from it (as ``--load-hf`` does), and a flag that contradicts it is one line;
 - ``--load`` of a path that does not exist is an error (a typo never trains from scratch); an empty
-  directory starts from scratch, said once;
+  directory starts from scratch, said once, and so does ``--load P --save P`` before P exists;
 - ``metrics.jsonl`` is written only beside ``--save`` (or to ``--metrics-file``), and a resumed run
   drops the records of the iterations it redoes instead of repeating them;
 - exported files get the permissions of a plain ``open()`` (0644 under umask 022), not 0600.
@@ -61,6 +61,15 @@ def test_a_load_path_that_does_not_exist_is_an_error(tiny_prefix, cache_dir, tmp
     lines = capsys.readouterr().err.strip().splitlines()
     assert lines == [f"train: error: the checkpoint to load, {tmp_path / 'typo'}, does not exist: give a "
                      "checkpoint root, or an empty directory to start from scratch"]
+
+
+def test_load_and_save_of_one_path_that_is_not_there_yet_starts_from_scratch(tiny_prefix, cache_dir, tmp_path):
+    """Megatron's and OneFlow's resume-or-start idiom: the same path twice is no typo."""
+    argv = argv_for(tiny_config(tiny_prefix, cache_dir, train_iters=1))
+    run = str(tmp_path / "run")
+    assert train_main([*argv, "--load", run, "--save", run]) == 0
+    assert train_main([*argv, "--load", run, "--save", run, "--train-iters", "2"]) == 0
+    assert (tmp_path / "run" / LATEST_FILE).read_text().strip() == "2"
 
 
 def test_an_empty_load_directory_starts_from_scratch_said_once(tiny_prefix, cache_dir, tmp_path, caplog):

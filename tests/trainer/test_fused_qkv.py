@@ -15,9 +15,9 @@ from trainer.checkpoint import MODEL_CONFIG_FILE, SafeFileSystemReader, checkpoi
 from trainer.cli import main
 from trainer.cli_args import build_parser, config_from_args
 from trainer.convert_cli import main as convert_checkpoint
-from trainer.fused_qkv import fuse_qkv, fuse_state, split_qkv
+from trainer.models.gpt.fused_qkv import fuse_qkv, fuse_state, split_qkv
 from trainer.hf_convert import checkpoint_model, load_hf_weights, read_checkpoint_state
-from trainer.model import GPT, GPTShape
+from trainer.models.gpt.model import GPT, GPTShape
 
 HALF = TINY_STEPS // 2
 # Fusion changes no forward arithmetic (each output is the same dot product over h), but the input gradient

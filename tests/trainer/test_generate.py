@@ -126,7 +126,7 @@ def test_cli_errors_are_one_line(tiny_hf, capsys, argv, message):
 def test_kv_cache_decoding_gives_the_full_forward_logits_of_each_row():
     from trainer.generate import left_pad
     from trainer.generation.kv_cache import KVCache
-    from trainer.model import GPT, GPTShape
+    from trainer.models.gpt.model import GPT, GPTShape
 
     torch.manual_seed(0)
     model = GPT(GPTShape(num_layers=2, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64,

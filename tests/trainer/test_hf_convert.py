@@ -16,8 +16,8 @@ from trainer.hf_convert import (
     read_checkpoint_state,
 )
 from trainer.hf_files import read_hf_weights
-from trainer.hf_gpt2 import HFConversionError
-from trainer.model import GPT
+from trainer.errors import HFConversionError
+from trainer.models.gpt.model import GPT
 
 
 @pytest.fixture(scope="module")

@@ -29,7 +29,7 @@ from process_testing import free_port, run_jobs
 from trainer.generate_cli import main
 from trainer.hf_convert import checkpoint_model, export_hf_checkpoint, import_hf_checkpoint, read_checkpoint_state
 from trainer.hf_files import read_hf_weights
-from trainer.model import GPT
+from trainer.models.gpt.model import GPT
 
 NEW_TOKENS = 10
 TRAIN_STEPS = 3

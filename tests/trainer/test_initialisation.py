@@ -16,7 +16,7 @@ from trainer_testing import TINY_VOCAB, tiny_config
 
 from trainer.parallel_dims import resolve_parallel_dims
 from trainer.runner import ParallelModel
-from trainer.train import model_shape
+from trainer.models.gpt.training import model_shape
 
 LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "pp2_interleaved": {"pp": 2, "schedule": "interleaved",
                                                                     "virtual_layers": 1},

@@ -7,8 +7,8 @@ from trainer_testing import tiny_config
 
 from trainer.config import OptimizerConfig, PrecisionConfig
 from trainer.errors import TrainConfigError
-from trainer.metrics import model_flops_per_token
-from trainer.model import GPTShape
+from trainer.models.gpt.training import flops_per_token
+from trainer.models.gpt.model import GPTShape
 from trainer.optim import LossScaler, LRSchedule
 from trainer.parallel_dims import pad_vocab_size, resolve_parallel_dims
 
@@ -82,4 +82,4 @@ def test_gpt2_small_flops_match_the_6n_rule():
     non_embedding_params = 12 * 12 * 768 * 768
     attention = 3 * 12 * 4 * 1024 * 768
     expected = 6 * (non_embedding_params + 768 * 50304) + attention
-    assert math.isclose(model_flops_per_token(shape, 1024), expected)
+    assert math.isclose(flops_per_token(shape, 1024), expected)

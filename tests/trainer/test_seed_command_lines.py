@@ -29,10 +29,10 @@ def losses(metrics_file):
 
 @pytest.mark.timeout(300)
 def test_oneflow_gpt_pretraining_command(tiny_prefix, cache_dir, tmp_path, monkeypatch):
-    """OneFlow GPT's `python3 -m oneflow_gpt.training` flags (345M -> 2 layers of width 32, 500000 -> 2 steps).
-    `--fp16` is left out: fp16 needs a GPU (on CPU it is refused or run in fp32, see the README)."""
+    """OneFlow GPT's `python3 -m oneflow_gpt.training` flags (345M -> 2 layers of width 32, 500000 -> 2 steps),
+    `--fp16` included (on a CPU it computes in fp32, see the README); `--load checkpoint --save checkpoint`
+    on a first run starts from scratch."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "checkpoint").mkdir()  # OneFlow resumes from and saves to the same directory
     argv = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
             "--micro-batch-size", "2", "--global-batch-size", "4", "--num-gpus-per-node", "1",
             "--train-iters", "2", "--learning-rate", "0.00015", "--dataset", tiny_prefix,
@@ -42,7 +42,7 @@ def test_oneflow_gpt_pretraining_command(tiny_prefix, cache_dir, tmp_path, monke
             "--load", "checkpoint", "--save", "checkpoint", "--save-interval", "1", "--log-interval", "1",
             "--checkpoint-activations", "--multihead-attention-fusion",
             "--initial-loss-scale", "4294967296", "--tensor-model-parallel-size", "1",
-            "--pipeline-model-parallel-size", "1",
+            "--pipeline-model-parallel-size", "1", "--fp16",
             # sizes aside: a small vocabulary pads to itself, a CPU, and no evaluation (at 949,50,1 the
             # bundled data's test share rounds to no document)
             "--make-vocab-size-divisible-by", "64", "--eval-iters", "0", "--device", "cpu",

@@ -11,7 +11,7 @@ from preprocess.errors import TokenizerError
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from preprocess.tokenizers.t5 import t5_special_ids
 from trainer.errors import TrainConfigError
-from trainer.t5_data import IGNORE_INDEX, collate_t5
+from trainer.models.t5.data import IGNORE_INDEX, collate_t5
 
 TOKENIZERS = Path(__file__).resolve().parents[2] / "data_test" / "tokenizers"
 
@@ -100,7 +100,7 @@ def test_plain_sentencepiece_uses_hugging_face_t5_sentinels(t5_style_spm):
 
 
 def test_split_sentence_corpus_to_t5_samples_end_to_end(t5_style_spm, sentence_prefix, tmp_path):
-    from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets, format_t5_ids
+    from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets, format_t5_ids
 
     tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type="GPTSentencePieceTokenizer",
                                                 tokenizer_model=t5_style_spm))
@@ -120,7 +120,7 @@ def test_split_sentence_corpus_to_t5_samples_end_to_end(t5_style_spm, sentence_p
 
 def test_run_settings_build_the_model_shape_and_datasets(t5_style_spm, sentence_prefix, tmp_path):
     from trainer.config import DataConfig, ModelConfig, T5Config
-    from trainer.t5_config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
+    from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
 
     model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, make_vocab_size_divisible_by=128)
     t5 = T5Config(encoder_seq_length=64, decoder_seq_length=24, decoder_num_layers=3, feed_forward_proj="gated-gelu",

@@ -17,10 +17,10 @@ from safetensors.torch import save_file
 from hf_testing import seed_weights
 
 from trainer.hf_files import read_hf_config, write_json
-from trainer.hf_gpt2 import HFConversionError
-from trainer.hf_t5 import load_hf_t5, save_hf_t5
-from trainer.t5_generate import greedy_generate
-from trainer.t5_model import T5, T5Shape
+from trainer.errors import HFConversionError
+from trainer.models.t5.hf import load_hf_t5, save_hf_t5
+from trainer.models.t5.generate import greedy_generate
+from trainer.models.t5.model import T5, T5Shape
 
 VOCAB = 200
 TINY = dict(vocab_size=VOCAB, d_model=32, d_kv=8, d_ff=48, num_heads=4, num_layers=2, num_decoder_layers=3,
@@ -187,13 +187,13 @@ def test_generate_command_refuses_a_t5_directory_on_several_processes(tmp_path, 
 
     directory = make_hf(tmp_path / "t5", "t5")
     assert main(["--load", str(directory), "--prompt-ids", "5 6", "--nproc-per-node", "2"]) == 2
-    assert "T5 generation runs in one process" in capsys.readouterr().err
+    assert "t5 generation runs in one process" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("variant", ["t5", "mt5"])
 def test_convert_checkpoint_round_trips_t5_directories(tmp_path, variant):
     from trainer.convert_cli import main
-    from trainer.t5_convert import read_t5_model_config
+    from trainer.models.t5.convert import read_t5_model_config
 
     directory = make_hf(tmp_path / variant, variant)
     assert main(["--from-hf", str(directory), "--to", str(tmp_path / "ckpt")]) == 0

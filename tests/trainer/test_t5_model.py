@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.t5_model import T5, T5Shape, relative_position_bucket
-from trainer.t5_pipeline import split_t5_stage
+from trainer.models.t5.model import T5, T5Shape, relative_position_bucket
+from trainer.models.t5.pipeline import split_t5_stage
 
 
 def shape(**overrides) -> T5Shape:

@@ -16,15 +16,15 @@ import torch
 from process_testing import run_jobs
 
 from indexed_dataset import IndexedDatasetWriter
-from samplers.t5_dataset import T5DatasetConfig, build_t5_datasets
+from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets
 from trainer.config import OptimizerConfig, ParallelismConfig
 from trainer.grads import reduce_loss
 from trainer.optim import build_optimizer
 from trainer.parallel_dims import ParallelDims
-from trainer.t5_data import collate_t5
-from trainer.t5_model import T5Shape
-from trainer.t5_pipeline import t5_stage_layers
-from trainer.t5_runner import ParallelT5
+from trainer.models.t5.data import collate_t5
+from trainer.models.t5.model import T5Shape
+from trainer.models.t5.pipeline import t5_stage_layers
+from trainer.models.t5.runner import ParallelT5
 
 STEPS = 10
 LOSS_TOLERANCE = 1e-4

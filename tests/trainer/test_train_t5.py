@@ -52,7 +52,7 @@ def test_trained_t5_exports_to_transformers_without_flags(sentence_prefix, data_
 
     from trainer.checkpoint import load_checkpoint
     from trainer.convert_cli import main as convert_main
-    from trainer.t5_convert import read_t5_model_config
+    from trainer.models.t5.convert import read_t5_model_config
 
     train(t5_config(sentence_prefix, data_test, t5_reference["cache"], train_iters=2, save=str(tmp_path / "run")))
     assert convert_main(["--from", str(tmp_path / "run"), "--to-hf", str(tmp_path / "hf")]) == 0

@@ -19,8 +19,8 @@ from trainer_testing import LOSS_RTOL, argv_for, run_in_processes, t5_config
 from trainer.cli import main as train_main
 from trainer.config import ParallelismConfig
 from trainer.convert_cli import main as convert_main
-from trainer.t5_config import resolve_t5_special_ids
-from trainer.t5_convert import read_t5_model_config, t5_train_defaults
+from trainer.models.t5.config import resolve_t5_special_ids
+from trainer.models.t5.convert import read_t5_model_config, t5_train_defaults
 from trainer.train import train
 
 STEPS = 3

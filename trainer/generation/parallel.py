@@ -19,9 +19,9 @@ from torch.distributed.tensor import DTensor
 
 from trainer.errors import TrainConfigError
 from trainer.generation.kv_cache import KVCache
-from trainer.model import GPT, GPTShape
+from trainer.models.gpt.model import GPT, GPTShape
 from trainer.parallel_dims import MESH_DIM_NAMES
-from trainer.parallelize import apply_tp
+from trainer.models.gpt.parallelize import apply_tp
 from trainer.pipeline import split_stage
 from trainer.runner import TIED_COPY_NAME, TIED_WEIGHT_NAME
 

@@ -1,0 +1,124 @@
+"""The layout's import rules, read from the source (ast), with no exception: data flows one way,
+`indexed_dataset` <- `preprocess`, `samplers` <- `trainer`, and nothing imports `benchmarks`; inside a
+room no module imports itself back (a registry and its members share types through a third module)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ROOMS = ("indexed_dataset", "preprocess", "samplers", "trainer")
+OURS = (*ROOMS, "benchmarks", "tests")
+# What each room may import of ours, besides itself (module prefixes).
+ALLOWED = {
+    "indexed_dataset": (),
+    "preprocess": ("indexed_dataset",),
+    "samplers": ("indexed_dataset",),
+    "trainer": ("indexed_dataset", "samplers", "preprocess.tokenizers"),
+}
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for room in ROOMS for path in sorted((ROOT / room).rglob("*.py"))}
+
+
+def _imported(name: str, path: Path) -> set[str]:
+    """Every module `path` names in an import statement (also inside functions), made absolute;
+    `from package import name` also yields `package.name` (it may be a module)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            found.add(module)
+            found.update(f"{module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the modules of ours it imports (a `package.name` that is no module counts as `package`)."""
+    modules = _modules()
+    graph = {}
+    for name, path in modules.items():
+        edges = set()
+        for target in _imported(name, path):
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                edges.add(target)
+        graph[name] = edges
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph`, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for target in sorted(graph[node]):
+            if state.get(target) == 1:
+                return path[path.index(target):] + [target]
+            if target not in state and (found := visit(target)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def _is_under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_each_room_imports_only_the_rooms_below_it(room):
+    broken = []
+    for name, path in _modules().items():
+        if not _is_under(name, room):
+            continue
+        for target in sorted(_imported(name, path)):
+            top = target.split(".")[0]
+            if top in OURS and top != room and not any(_is_under(target, p) for p in ALLOWED[room]):
+                broken.append(f"{path.relative_to(ROOT)} imports {target}")
+    assert not broken, "\n".join(broken)
+
+
+@pytest.mark.parametrize("room", ROOMS)
+def test_no_import_cycle_inside_a_room(room):
+    graph = {name: {t for t in targets if _is_under(t, room)}
+             for name, targets in _graph().items() if _is_under(name, room)}
+    assert _cycle(graph) is None, " -> ".join(_cycle(graph))
+
+
+def test_nothing_imports_the_benchmarks():
+    users = [f"{path.relative_to(ROOT)} imports {target}" for path in sorted((ROOT / "tests").rglob("*.py"))
+             for target in sorted(_imported(_module_name(path), path)) if _is_under(target, "benchmarks")]
+    assert not users, "\n".join(users)
+
+
+def test_the_checks_see_a_cycle_and_a_relative_import():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+    module = ROOT / "indexed_dataset" / "arrow.py"
+    assert "indexed_dataset.rows" in _imported("indexed_dataset.arrow", module)

@@ -1,0 +1,64 @@
+"""Model families, one folder each (`gpt/`, `t5/`), and the registry of their specs (`ModelSpec`).
+
+The registry imports a family only when it is asked for, so that a family's modules may import the core
+and the core may ask the registry without an import circle.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+from trainer.errors import TrainConfigError
+
+# Family name -> the module whose ``SPEC`` describes it.
+FAMILIES = {"gpt": "trainer.models.gpt.spec", "t5": "trainer.models.t5.spec"}
+DEFAULT_FAMILY = "gpt"
+
+
+def model_spec(name: str):
+    """The `trainer.models.spec.ModelSpec` of family ``name``.
+
+    Raises:
+        TrainConfigError: no such family.
+    """
+    if name not in FAMILIES:
+        raise TrainConfigError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
+    return importlib.import_module(FAMILIES[name]).SPEC
+
+
+def spec_for_hf_directory(directory: str | os.PathLike):
+    """The spec of the family that imports a Hugging Face directory (by its config.json's ``model_type``);
+    GPT's, whose checks name what is wrong, when no family claims it."""
+    from trainer.hf_files import read_hf_config
+
+    model_type = read_hf_config(directory).get("model_type")
+    for name in FAMILIES:
+        spec = model_spec(name)
+        if model_type in spec.hf_model_types:
+            return spec
+    return model_spec(DEFAULT_FAMILY)
+
+
+def spec_for_checkpoint(root: str | os.PathLike):
+    """The spec of the family that saved a checkpoint root (its model_config.json's ``model``); GPT's for a
+    root without one (checkpoints saved before model configs existed were all GPT)."""
+    from pathlib import Path
+
+    from trainer.checkpoint import MODEL_CONFIG_FILE
+    from trainer.hf_files import read_json
+
+    path = Path(root) / MODEL_CONFIG_FILE
+    return model_spec(read_json(path).get("model", DEFAULT_FAMILY) if path.is_file() else DEFAULT_FAMILY)
+
+
+def spec_for_source(path: str | os.PathLike):
+    """The spec of what ``generate --load PATH`` names: a HF directory, a checkpoint root or one of its
+    ``iter_XXXXXXX`` directories."""
+    from trainer.checkpoint import resolve_checkpoint
+    from trainer.hf_files import is_hf_directory
+
+    if is_hf_directory(path):
+        return spec_for_hf_directory(path)
+    root, _ = resolve_checkpoint(path)
+    return spec_for_checkpoint(root)

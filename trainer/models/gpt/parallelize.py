@@ -1,0 +1,86 @@
+"""Tensor parallelism, activation checkpointing and data parallelism applied to a GPT (or a stage of it).
+
+Order follows torchtitan: TP first (DTensor ``parallelize_module``), then activation checkpointing,
+then FSDP2 ``fully_shard`` on the dp mesh. DDP is used only when data parallelism is the only
+parallelism and the distributed optimiser is off: it is the fastest pure-DP wrapper on CPU, and it
+does not compose with DTensor parameters (``DDP.__init__`` fails on mixed Tensor/DTensor).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+from torch.nn.parallel import DistributedDataParallel
+
+from trainer.models.gpt.model import GPT
+
+
+def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Shard heads, MLP and vocabulary over ``tp_mesh`` in place.
+
+    The embeddings are vocab- (and position-) parallel (`RowwiseParallel` on an ``nn.Embedding``
+    shards its rows), q/k/v (or the fused wqkv) and the first MLP linear are column-parallel, the attention and MLP
+    output projections row-parallel. The output head is column-parallel over the vocabulary and
+    returns a DTensor sharded on its last dim, to be consumed under ``loss_parallel``. With
+    ``sequence_parallel`` the norms and the residual stream between blocks are sharded along the
+    sequence (dim 1).
+    """
+    residual = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, object] = {}
+    if model.tok_embeddings is not None:
+        for name in ("tok_embeddings", "pos_embeddings"):
+            plan[name] = RowwiseParallel(input_layouts=Replicate(), output_layouts=residual)
+    if model.norm is not None and sequence_parallel:
+        plan["norm"] = SequenceParallel()
+    if model.output is not None:
+        plan["output"] = ColwiseParallel(input_layouts=residual, output_layouts=Shard(-1), use_local_output=False)
+    parallelize_module(model, tp_mesh, plan)
+    # The fused projection's rows are per head ([heads, 3, head_dim], `trainer.models.gpt.fused_qkv`), so sharding its
+    # dim 0 like wq's gives each rank the q, k and v rows of the same heads.
+    qkv = ("attention.wqkv",) if model.shape.fused_qkv else ("attention.wq", "attention.wk", "attention.wv")
+    for block in model.layers.values():
+        block_plan: dict[str, object] = {
+            **{name: ColwiseParallel() for name in qkv},
+            "attention.wo": RowwiseParallel(output_layouts=residual),
+            "feed_forward.w1": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
+        }
+        if sequence_parallel:
+            gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+            block_plan |= {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                           "attention": gather, "feed_forward": gather}
+        parallelize_module(block, tp_mesh, block_plan)
+    # Distributing replaced the embedding weight and the head weight by two new parameters; both are
+    # Shard(0) over the vocabulary, so tying them again is exact.
+    model.tie_weights()
+
+
+def apply_ac(model: GPT) -> None:
+    """Recompute every block in the backward pass (non-reentrant checkpointing, FQNs unchanged)."""
+    model.checkpoint_activations = True
+
+
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+    """FSDP2: one parameter group per block, the embeddings/norm/head in the root group.
+
+    ``reshard_after_forward`` is False under pipelining, where it would all-gather once per micro-batch.
+    """
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+
+
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
+    """Classic DDP over ``dp_mesh`` (pure data parallelism only)."""
+    device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
+    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)

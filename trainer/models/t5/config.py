@@ -1,0 +1,79 @@
+"""What the `trainer.config.T5Config` section of `train --model t5` builds: the shape, special ids, datasets.
+
+    t5 = T5Config(encoder_seq_length=512, decoder_seq_length=128, vocab_extra_ids=100)
+    special = resolve_t5_special_ids(config.data, t5.vocab_extra_ids)
+    shape = t5_shape(config.model, t5, special.vocab_size, tp)        # hidden_size, heads, layers from ModelConfig
+    train_ds, valid_ds, test_ds = build_t5_training_datasets(config.data, t5, special, sizes)
+
+Field names follow Megatron's T5 flags where Megatron has one (--encoder-seq-length,
+--decoder-seq-length, --kv-channels, --decoder-num-layers, --vocab-extra-ids, --mask-prob,
+--short-seq-prob, --untie-embeddings-and-output-weights, --relative-attention-num-buckets,
+--relative-attention-max-distance); the MLP kind and the mean span length are
+Hugging Face's (feed_forward_proj) and the T5 paper's.
+"""
+
+from __future__ import annotations
+
+from preprocess.tokenizers import TokenizerError
+from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids
+from samplers.t5.dataset import T5Dataset, T5DatasetConfig, build_t5_datasets
+from trainer.config import DataConfig, ModelConfig, T5Config
+from trainer.errors import TrainConfigError
+from trainer.parallel_dims import pad_vocab_size
+from trainer.models.t5.model import T5Shape
+
+
+def t5_shape(model: ModelConfig, t5: T5Config, vocab_size: int, tp: int) -> T5Shape:
+    """The T5's dimensions: width, heads, encoder layers, MLP width, dropout and epsilon from
+    ``model``, the rest from ``t5``; the vocabulary padded for ``tp`` as Megatron does."""
+    tied = not t5.untie_embeddings_and_output_weights
+    return T5Shape(vocab_size=pad_vocab_size(vocab_size, model.make_vocab_size_divisible_by, tp),
+                   d_model=model.hidden_size, d_kv=t5.kv_channels or model.hidden_size // model.num_attention_heads,
+                   d_ff=model.ffn_hidden_size, num_heads=model.num_attention_heads,
+                   num_encoder_layers=model.num_layers, num_decoder_layers=t5.decoder_num_layers or model.num_layers,
+                   feed_forward=t5.feed_forward_proj, tie_word_embeddings=tied, scale_decoder_outputs=tied,
+                   relative_attention_num_buckets=t5.relative_attention_num_buckets,
+                   relative_attention_max_distance=t5.relative_attention_max_distance,
+                   layer_norm_epsilon=model.layernorm_epsilon, dropout_rate=model.hidden_dropout)
+
+
+def resolve_t5_special_ids(data: DataConfig, vocab_extra_ids: int) -> T5SpecialIds:
+    """Pad, EOS, decoder-start and sentinel ids of the run's tokenizer.
+
+    Raises:
+        TrainConfigError: no tokenizer files, or a tokenizer without a T5 convention.
+    """
+    files = {name: getattr(data, name) for name in ("vocab_file", "merge_file", "tokenizer_model")
+             if getattr(data, name) is not None}
+    if not files:
+        raise TrainConfigError("T5 needs the tokenizer (vocab_file or tokenizer_model) for its sentinel ids")
+    # Imported here: the tokenizer libraries load only when a run names tokenizer files.
+    from preprocess.tokenizers import TokenizerConfig, build_tokenizer
+
+    try:
+        tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type=data.tokenizer_type, **files))
+        return t5_special_ids(tokenizer, data.tokenizer_type, vocab_extra_ids)
+    except (ValueError, TokenizerError) as error:
+        raise TrainConfigError(str(error)) from error
+
+
+def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5SpecialIds,
+                               sizes: tuple[int, int, int]) -> tuple[T5Dataset | None, ...]:
+    """The train, valid and test T5 datasets of the run (one sentence-split dataset prefix).
+
+    Raises:
+        TrainConfigError: a blend of several prefixes (not implemented for T5), or bad sample options.
+    """
+    prefixes, _ = data.blend
+    if len(prefixes) != 1:
+        raise TrainConfigError(f"T5 trains on one dataset prefix; got {len(prefixes)} ({' '.join(prefixes)})")
+    try:
+        config = T5DatasetConfig(data_prefix=prefixes[0], sentinel_ids=special.sentinels, pad_id=special.pad,
+                                 decoder_start_id=special.decoder_start, eos_id=special.eos, split=data.split,
+                                 encoder_seq_length=t5.encoder_seq_length, decoder_seq_length=t5.decoder_seq_length,
+                                 noise_density=t5.mask_prob, mean_noise_span_length=t5.mean_noise_span_length,
+                                 short_seq_prob=t5.short_seq_prob, random_seed=data.seed,
+                                 path_to_cache=data.data_cache_path)
+    except ValueError as error:
+        raise TrainConfigError(str(error)) from error
+    return build_t5_datasets(config, sizes)
