@@ -15,9 +15,10 @@ import logging
 
 from indexed_dataset.arrow import DEFAULT_SHARD_SIZE
 from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_support import run_command
 from indexed_dataset.formats import FORMATS
 
-from .cli_common import run_command, setup_logging
+from .cli_common import setup_logging
 from .config import DATASET_IMPLS, DEFAULT_LANG, TOKEN_DTYPE_RULES, PreprocessConfig
 from .fanout import rank_from_environment
 from .inputs import DEFAULT_CHUNK_BYTES

@@ -1,13 +1,10 @@
-"""What every preprocess-room CLI shares: logging setup and turning our errors into one line."""
+"""What every preprocess-room CLI shares: logging setup (errors and interruptions: `indexed_dataset.cli_support`)."""
 
 from __future__ import annotations
 
 import logging
 import sys
 
-# One implementation of the error/interruption handling for every room's commands (samplers may not
-# import preprocess, so it lives in indexed_dataset); re-exported here for preprocess's commands.
-from indexed_dataset.cli_support import run_command  # noqa: F401  (used by the preprocess CLIs)
 
 logger = logging.getLogger("preprocess")
 

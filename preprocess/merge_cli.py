@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from indexed_dataset import convert, datasets_in_directory, format_of, merge_datasets, open_reader
 from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_support import run_command
 from indexed_dataset.formats import dataset_path
 
-from .cli_common import run_command, setup_logging
+from .cli_common import setup_logging
 from .errors import InputError
 from .fanout import DONE_FOLDER_SUFFIX, DONE_SUFFIX
 from .outputs import remove_output

@@ -23,10 +23,12 @@ def golden() -> Path:
     return GOLDEN
 
 
-# The variables that point every library's scratch and cache directories somewhere (tempfile's, the XDG
-# cache pip and Hugging Face default to, and Hugging Face's own), and the folder each gets.
-BYPRODUCT_DIRECTORIES = {"TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "HF_HOME": "huggingface",
-                         "HF_DATASETS_CACHE": "datasets", "PIP_CACHE_DIR": "pip"}
+# The variables that point every library's scratch, cache and config directories somewhere (tempfile's,
+# the XDG cache and config folders pip, Hugging Face and matplotlib default to, and their own), and the
+# folder each gets.
+BYPRODUCT_DIRECTORIES = {"TMPDIR": "tmp", "XDG_CACHE_HOME": "cache", "XDG_CONFIG_HOME": "config",
+                         "HF_HOME": "huggingface", "HF_DATASETS_CACHE": "datasets", "PIP_CACHE_DIR": "pip",
+                         "MPLCONFIGDIR": "matplotlib"}
 _saved_environment: dict[str, str] = {}
 
 

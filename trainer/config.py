@@ -228,6 +228,8 @@ class TrainingConfig:
     """Device kind; default cuda when available."""
     checkpoint_activations: bool = False
     """Recompute each block's activations in the backward pass (saves memory)."""
+    compile: bool = False
+    """torch.compile each transformer block (inductor; the first steps pay the compile time)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainer.config import OptimizerConfig, PrecisionConfig
 
@@ -15,22 +17,46 @@ LOSS_SCALE_GROWTH_FACTOR = 2.0
 LOSS_SCALE_BACKOFF_FACTOR = 0.5
 
 
+# AdamW's update kernels, fastest first: one fused kernel over all parameters (CUDA), multi-tensor
+# (``_foreach_*``) kernels, one loop iteration per parameter. -> `torch.optim.AdamW` keyword arguments.
+ADAMW_KERNEL_OPTIONS: dict[str, dict[str, bool]] = {
+    "fused": {"fused": True},
+    "foreach": {"foreach": True},
+    "for-loop": {"foreach": False},
+}
+
+
+def select_adamw_kernel(device_type: str, params: Iterable[torch.Tensor]) -> str:
+    """The fastest AdamW kernel (a key of `ADAMW_KERNEL_OPTIONS`) that ``params`` allow on ``device_type``.
+
+    "fused" on CUDA, "foreach" on other devices, when the parameters are all plain tensors or all
+    DTensors on one device mesh; "for-loop" when they mix plain tensors and DTensors (tensor
+    parallelism leaves norm weights plain) or DTensors on different meshes (tensor parallelism under
+    FSDP2): the multi-tensor and fused kernels take one list per call and reject such lists.
+    """
+    meshes = {p.device_mesh if isinstance(p, DTensor) else None for p in params}
+    if len(meshes) > 1:
+        return "for-loop"
+    return "fused" if device_type == "cuda" else "foreach"
+
+
 def build_optimizer(named_params: list[tuple[str, nn.Parameter]], config: OptimizerConfig,
-                    foreach: bool) -> torch.optim.AdamW:
+                    foreach: bool | None = None, fused: bool | None = None) -> torch.optim.AdamW:
     """AdamW over ``named_params``; biases and norm weights (every 1-D parameter) get no weight decay.
 
     Args:
         named_params: the parameters this rank optimises, with their full-model names.
         config: optimiser settings.
-        foreach: use the multi-tensor kernels. Must be False when the parameters mix plain tensors
-            and DTensors or DTensors on different meshes (foreach kernels reject such lists).
+        foreach: use the multi-tensor kernels (None: PyTorch's default, the for-loop on a CPU).
+        fused: use the fused kernel (CUDA). `select_adamw_kernel` says which of the two the parameters
+            allow (``**ADAMW_KERNEL_OPTIONS[kernel]``).
     """
     decay = [p for _, p in named_params if p.ndim >= 2]
     no_decay = [p for _, p in named_params if p.ndim < 2]
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
-                             eps=config.adam_eps, foreach=foreach)
+                             eps=config.adam_eps, foreach=foreach, fused=fused)
 
 
 def init_optimizer_state(optimizer: torch.optim.AdamW) -> None:

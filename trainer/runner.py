@@ -38,6 +38,21 @@ def _full(loss: torch.Tensor) -> torch.Tensor:
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
+def apply_compile(blocks: list[nn.Module]) -> None:
+    """``torch.compile`` each block's forward in place (torchtitan's ``apply_compile``: per block, after
+    tensor parallelism and activation checkpointing, before FSDP).
+
+    Per block, not the whole model: the blocks share one code object, so dynamo compiles a block kind
+    once and reuses it for its siblings, and the embeddings, head and parallel wrappers stay eager. The
+    forward is replaced rather than the module wrapped (``torch.compile(module)``), so parameter names
+    (checkpoints, optimiser state) gain no ``_orig_mod.`` and the hooks FSDP2 registers on the block
+    later run eagerly around the compiled code, as they do around torchtitan's wrapper.
+    ``fullgraph=True``: a graph break inside a block is a bug to fix, not a silent slowdown.
+    """
+    for block in blocks:
+        block.forward = torch.compile(block.forward, fullgraph=True)
+
+
 class ParallelModel:
     """This rank's model chunks, their parallel wrappers and, under pipelining, the schedule.
 
@@ -45,13 +60,13 @@ class ParallelModel:
     its own share and fills it with that share of the full model's initial values drawn from ``seed``
     (identical init in every layout, `_materialize`). The GPT is the default; another model
     (`trainer.models.t5.runner.ParallelT5`) overrides the model hooks (``_build``, ``_num_layers``, ``_split``,
-    ``_apply_tp``, ``_apply_fsdp``, ``_tied_names``) and the batch hooks (``_forward``,
+    ``_apply_tp``, ``_apply_fsdp``, ``_tied_names``, ``_blocks``) and the batch hooks (``_forward``,
     ``_first_stage_inputs``).
     """
 
     def __init__(self, shape: GPTShape, dims: ParallelDims, mesh: DeviceMesh | None, parallelism: ParallelismConfig,
                  device: torch.device, seed: int, checkpoint_activations: bool,
-                 autocast_dtype: torch.dtype | None) -> None:
+                 autocast_dtype: torch.dtype | None, compile_blocks: bool = False) -> None:
         self.shape = shape
         self.dims = dims
         self.device = device
@@ -78,6 +93,8 @@ class ParallelModel:
                 self._apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
             if checkpoint_activations:
                 apply_ac(part)
+            if compile_blocks:
+                apply_compile(self._blocks(part))
             if self.uses_fsdp:
                 self._apply_fsdp(part, mesh["dp"], reshard_after_forward=dims.pp == 1)
         self._materialize(model, seed)
@@ -117,6 +134,10 @@ class ParallelModel:
     def _tied_names(self) -> tuple[str, str] | None:
         """(embedding name, name of the last stage's copy) of the tied input/output weight; None if untied."""
         return TIED_WEIGHT_NAME, TIED_COPY_NAME
+
+    def _blocks(self, part: nn.Module) -> list[nn.Module]:
+        """The transformer blocks of a part, each compiled on its own under ``compile_blocks``."""
+        return list(part.layers.values())
 
     # -- batch hooks ---------------------------------------------------------------------------------------
 

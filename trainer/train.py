@@ -40,7 +40,15 @@ from trainer.hf_convert import MODEL_PREFIX, is_model_only_checkpoint
 from trainer.hf_files import copy_tokenizer_files
 from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops
 from trainer.models import model_spec
-from trainer.optim import LossScaler, LRSchedule, build_optimizer, init_optimizer_state, set_lr
+from trainer.optim import (
+    ADAMW_KERNEL_OPTIONS,
+    LossScaler,
+    LRSchedule,
+    build_optimizer,
+    init_optimizer_state,
+    select_adamw_kernel,
+    set_lr,
+)
 from trainer.parallel_dims import ParallelDims, resolve_parallel_dims
 
 logger = logging.getLogger(__name__)
@@ -105,7 +113,8 @@ class _Run:
         self.dp_rank = coords["dp"]
         autocast = _autocast_dtype(config, ctx.device, ctx.rank)
         self.model = self.spec.parallel_model(self.shape, self.dims, self.mesh, config.parallelism, ctx.device,
-                                              config.data.seed, config.training.checkpoint_activations, autocast)
+                                              config.data.seed, config.training.checkpoint_activations, autocast,
+                                              compile_blocks=config.training.compile)
         # The HF model type the checkpoints record (t5 or mt5, say), for `convert-checkpoint --to-hf`.
         self.hf_model_type = self.spec.hf_model_types[0]
         if config.checkpoint.load_hf is not None:
@@ -113,9 +122,11 @@ class _Run:
                                                            self.shape)
         torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
         self.params = [p for _, p in self.model.named_parameters()]
-        uses_dtensors = self.dims.tp > 1 or self.model.uses_fsdp
+        kernel = select_adamw_kernel(ctx.device.type, self.params)
+        if ctx.rank == 0:
+            logger.info("AdamW kernel: %s", kernel)
         self.optimizer = build_optimizer(self.model.named_parameters(), config.optimizer,
-                                         foreach=False if uses_dtensors else None)
+                                         **ADAMW_KERNEL_OPTIONS[kernel])
         self.lr_schedule = LRSchedule.from_config(config.optimizer, config.training.train_iters)
         self.scaler = LossScaler(config.precision)
         self.iteration = self.consumed_samples = self.skipped = 0

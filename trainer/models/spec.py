@@ -56,7 +56,7 @@ class ModelSpec:
     """(config, tensor-parallel size, samples per split) -> the run's vocabulary, shape, data and costs."""
     parallel_model: Callable[..., ParallelModel]
     """`ParallelModel`'s constructor for this family: (shape, dims, mesh, parallelism, device, seed,
-    checkpoint_activations, autocast_dtype)."""
+    checkpoint_activations, autocast_dtype, compile_blocks=False)."""
     checkpoint_model: Callable[[Shape], nn.Module]
     """The full model on the meta device, with the parameter names checkpoints hold."""
     vocab_rows: tuple[str, ...]

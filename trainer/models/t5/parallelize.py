@@ -10,7 +10,8 @@ vocabulary with logits left sharded for ``loss_parallel``. The relative-position
 (``[buckets, heads]``) are column-parallel too, so each rank computes the bias of its own heads.
 Cross-attention keys and values are computed from the replicated encoder output. The RMSNorm
 weights stay plain replicated tensors (their gradients are identical on every tp rank), so the
-optimiser must run with ``foreach=False``, as the GPT trainer does under tensor parallelism.
+optimiser runs its for-loop kernel (`trainer.optim.select_adamw_kernel`), as the GPT trainer does under
+tensor parallelism.
 Sequence parallelism is not implemented for T5.
 """
 

@@ -6,10 +6,11 @@ and its forward/backward over `trainer.models.t5.data.T5MicroBatch`es.
     loss_sum, holds_loss = model.run(microbatches, train=True)      # what `train` calls for GPT
 
 Only `ParallelModel`'s hooks are written here: building and splitting the T5 (`trainer.models.t5.pipeline`),
-its tensor/data parallel plan (`trainer.models.t5.parallelize`), the tensors a micro-batch feeds the model,
-and the tied weight's names (``shared.weight``; the last pipeline stage's copy is ``output.weight``
-and exists only for tied variants). Loss, autocast/loss_parallel context, gradient accumulation,
-the pipeline schedule and the tied-gradient sync are `ParallelModel`'s.
+its tensor/data parallel plan (`trainer.models.t5.parallelize`), its blocks (compiled one by one under
+``--compile``), the tensors a micro-batch feeds the model, and the tied weight's names (``shared.weight``;
+the last pipeline stage's copy is ``output.weight`` and exists only for tied variants). Loss,
+autocast/loss_parallel context, gradient accumulation, the pipeline schedule and the tied-gradient sync
+are `ParallelModel`'s.
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class ParallelT5(ParallelModel):
     def _tied_names(self) -> tuple[str, str] | None:
         # Only tied variants (v1.0) have a copy of the shared embedding on the last stage.
         return (T5_TIED_WEIGHT_NAME, T5_TIED_COPY_NAME) if self.shape.tie_word_embeddings else None
+
+    def _blocks(self, part: nn.Module) -> list[nn.Module]:
+        return [*part.encoder_layers.values(), *part.decoder_layers.values()]
 
     def _forward(self, mb: T5MicroBatch) -> torch.Tensor:
         return self.forward_module(*(getattr(mb, name) for name in T5_INPUTS))
