@@ -40,7 +40,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import OptimizerConfig, ParallelismConfig
-from trainer.data import IGNORE_INDEX, MicroBatch
+from trainer.data import IGNORE_INDEX
+from trainer.models.gpt.data import GPTMicroBatch
 from trainer.grads import clip_factor, global_grad_norm, scale_grads
 from trainer.metrics import device_peak_flops
 from trainer.models import model_spec
@@ -48,11 +49,10 @@ from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.gpt.training import flops_per_token as gpt_flops_per_token
 from trainer.models.t5.data import T5MicroBatch
 from trainer.models.t5.model import T5, T5Shape
-from trainer.models.t5.runner import T5_INPUTS
 from trainer.models.t5.training import flops_per_token as t5_flops_per_token
 from trainer.optim import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
 from trainer.parallel_dims import ParallelDims, pad_vocab_size
-from trainer.runner import TIED_COPY_NAME
+from trainer.runner import ParallelModel
 
 EXIT_NO_CUDA = 2
 SEED = 1234
@@ -84,7 +84,7 @@ class Workload:
     def tokens_per_sample(self) -> int:
         return sum(self.lengths)
 
-    def batch(self, generator: torch.Generator, device: torch.device) -> MicroBatch | T5MicroBatch:
+    def batch(self, generator: torch.Generator, device: torch.device) -> GPTMicroBatch | T5MicroBatch:
         """A micro-batch of random ids (any id of the vocabulary; no padding)."""
         vocab = self.shape.padded_vocab_size if self.family == "gpt" else self.shape.vocab_size
         b = self.micro_batch_size
@@ -96,7 +96,7 @@ class Workload:
             (seq,) = self.lengths
             tokens = ids(seq + 1)
             positions = torch.arange(seq, device=device).expand(b, seq)
-            return MicroBatch(tokens[:, :-1], positions, tokens[:, 1:])
+            return GPTMicroBatch(tokens[:, :-1], positions, tokens[:, 1:])
         encoder, decoder = self.lengths
         targets = ids(decoder)
         return T5MicroBatch(ids(encoder), ids(decoder), torch.ones(b, encoder, dtype=torch.int64, device=device),
@@ -169,8 +169,8 @@ def run_ours(work: Workload, batches: list, device: torch.device, warmup: int, s
              compile_blocks: bool) -> tuple[SideResult, dict[str, torch.Tensor]]:
     """Our side; also returns its initial weights (on the CPU) for the plain side to start from."""
     dims = ParallelDims(pp=1, dp=1, tp=1, micro_batch_size=work.micro_batch_size, num_microbatches=1)
-    model = model_spec(work.family).parallel_model(work.shape, dims, None, ParallelismConfig(), device, SEED,
-                                                   False, torch.bfloat16, compile_blocks=compile_blocks)
+    model = ParallelModel(model_spec(work.family).parallel_plan, work.shape, dims, None, ParallelismConfig(), device,
+                          SEED, False, torch.bfloat16, compile_blocks=compile_blocks)
     initial = {name: p.detach().to("cpu", copy=True) for name, p in model.named_parameters()}
     params = [p for _, p in model.named_parameters()]
     kernel = select_adamw_kernel(device.type, params)
@@ -196,20 +196,21 @@ def run_plain(work: Workload, batches: list, device: torch.device, warmup: int, 
         model = work.build(work.shape)
     missing, unexpected = model.load_state_dict(initial, strict=False)
     # Ours names a tied head once (as the embedding); the plain model's copy shares the loaded tensor.
-    if unexpected or set(missing) - {TIED_COPY_NAME}:
+    plan = model_spec(work.family).parallel_plan
+    tied = plan.tied_names(work.shape)
+    if unexpected or set(missing) - ({tied[1]} if tied is not None else set()):
         raise RuntimeError(f"weights do not match the plain model: missing {missing}, unexpected {unexpected}")
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=OPTIMIZER.lr, weight_decay=OPTIMIZER.weight_decay,
                                   betas=(OPTIMIZER.adam_beta1, OPTIMIZER.adam_beta2), eps=OPTIMIZER.adam_eps,
                                   fused=True)
     forward = torch.compile(model) if compile_model else model
-    names = T5_INPUTS if work.family == "t5" else ("tokens", "position_ids")
 
     def step(index: int) -> torch.Tensor:
         batch = batches[index % len(batches)]
         optimizer.zero_grad(set_to_none=True)
         with torch.autocast(device.type, dtype=torch.bfloat16):
-            logits = forward(*(getattr(batch, name) for name in names))
+            logits = forward(*plan.model_inputs(batch))
             loss = F.cross_entropy(logits.flatten(0, 1).float(), batch.targets.flatten(), ignore_index=IGNORE_INDEX)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP_GRAD)

@@ -31,6 +31,7 @@ from trainer.config import (
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
+    ParallelismConfig,
     TrainConfig,
     TrainingConfig,
 )
@@ -47,7 +48,9 @@ WARMUP_STEPS = 3
 def benchmark_config(prefix: str, cache: str, metrics: str, steps: int, args: argparse.Namespace) -> TrainConfig:
     return TrainConfig(
         model=ModelConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
-                          seq_length=args.seq, vocab_size=VOCAB, hidden_dropout=0.0, attention_dropout=0.0),
+                          seq_length=args.seq, vocab_size=VOCAB, hidden_dropout=args.dropout,
+                          attention_dropout=args.dropout),
+        parallelism=ParallelismConfig(keyed_dropout=args.keyed_dropout),
         data=DataConfig(dataset=[prefix], split="100,0,0", data_cache_path=cache),
         training=TrainingConfig(micro_batch_size=args.batch, global_batch_size=args.batch, train_iters=steps,
                                 device="cpu"),
@@ -96,6 +99,9 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout of both sides")
+    parser.add_argument("--keyed-dropout", action="store_true",
+                        help="train with --keyed-dropout (the plain loop keeps nn.Dropout)")
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads for both sides (1, as torchrun gives each of several CPU processes)")
     args = parser.parse_args()

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from .chunks import ParsedChunk, TextColumn, field_array
 from .errors import InputError
@@ -79,6 +77,8 @@ def _text_column(chunk: RecordBatchChunk, name: str, column: pa.Array) -> tuple[
     if (pa.types.is_list(kind) or pa.types.is_large_list(kind)) and (
         pa.types.is_string(kind.value_type) or pa.types.is_large_string(kind.value_type)
     ):
+        import pyarrow.compute as pc  # here: ~25 ms to import, which JSON-lines runs never need
+
         invalid = column.is_null().to_numpy(zero_copy_only=False).copy()
         filled = column.fill_null(pa.scalar([], type=kind))
         counts = pc.list_value_length(filled).to_numpy(zero_copy_only=False).astype(np.int64)
@@ -190,6 +190,8 @@ def parquet_chunks(
     path: str, columns: Sequence[str], chunk_bytes: int, consumed_before: int
 ) -> Iterator[RecordBatchChunk]:
     """The rows of a Parquet file, reading only `columns` (each must exist)."""
+    import pyarrow.parquet as pq  # here: ~10 ms to import, which other inputs never need
+
     try:
         parquet = pq.ParquetFile(path)
         needed = _select(path, parquet.schema_arrow.names, columns)

@@ -28,7 +28,7 @@ import pyarrow as pa
 
 from .columnar import arrow_file_chunks, parquet_chunks
 from .errors import InputError
-from .jsonl import JsonLinesChunk
+from .jsonl import JsonLinesChunk, count_newlines
 
 logger = logging.getLogger(__name__)
 
@@ -216,14 +216,16 @@ class InputReader:
                     raise InputError(f"{path}: cannot read: {error}") from None
                 if not block:
                     break
-                data = carry + block
-                cut = data.rfind(_NEWLINE) + 1
+                cut = block.rfind(_NEWLINE) + 1
                 if cut == 0:  # one line longer than a block: keep reading it
-                    carry = data
+                    carry += block
                     continue
-                carry = data[cut:]
-                yield JsonLinesChunk(path, line, data[:cut], consumed_before + raw.consumed)
-                line += data.count(_NEWLINE, 0, cut)
+                # One copy of the chunk's bytes (the carried start of its first line, then the block up
+                # to its last newline), not two (`carry + block`, then a slice of it).
+                data = b"".join((carry, memoryview(block)[:cut]))
+                carry = block[cut:]
+                yield JsonLinesChunk(path, line, data, consumed_before + raw.consumed)
+                line += count_newlines(data)
             if carry:
                 yield JsonLinesChunk(path, line, carry, consumed_before + raw.consumed)
 

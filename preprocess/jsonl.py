@@ -45,7 +45,18 @@ MAX_JSON_DEPTH = 512
 # a bracket: scanning these gives the nesting depth without counting brackets inside strings.
 _STRING_OR_BRACKET = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"|[\[\]{}]')
 _NEWLINE = ord("\n")
-_JSON_WHITESPACE = np.frombuffer(b" \t\r\n", dtype=np.uint8)
+# Byte value -> whether it is JSON whitespace (a table: one gather, where np.isin would sort).
+_IS_JSON_WHITESPACE = np.zeros(256, dtype=bool)
+_IS_JSON_WHITESPACE[list(b" \t\r\n")] = True
+# Setting bit 0x20 turns exactly two bytes into `{` (0x7B): `{` itself and `[` (0x5B). So one OR and one
+# compare find both opening brackets (two compares and an OR cost a pass more).
+_OPENER_CASE_BIT, _OPENER = 0x20, ord("{")
+
+
+def count_newlines(data: bytes) -> int:
+    """How many newline bytes `data` holds (vectorised: ~4x faster than `bytes.count`, which the
+    reader would pay for every byte of input on the main thread)."""
+    return int(np.count_nonzero(np.frombuffer(data, dtype=np.uint8) == _NEWLINE))
 
 
 def json_depth(line: bytes) -> int:
@@ -77,25 +88,32 @@ def _is_valid_utf8(data: bytes) -> bool:
     return True
 
 
-def _fast_path_applies(data: bytes) -> bool:
-    """Whether Arrow's reader may take the chunk: nothing it would accept and the rule refuses is in it
-    (a blank line, invalid UTF-8, a line nested too deep). Vectorised: a few passes over the bytes."""
-    body = data[:-1] if data.endswith(b"\n") else data
-    if not body or not _is_valid_utf8(data):
-        return False
-    bytes_ = np.frombuffer(body, dtype=np.uint8)
-    line_starts = np.concatenate((np.zeros(1, np.int64), np.flatnonzero(bytes_ == _NEWLINE) + 1))
-    line_ends = np.append(line_starts[1:] - 1, len(body))
+def _fast_path_lines(data: bytes) -> int | None:
+    """The number of lines of a chunk Arrow's reader may take, or None when something it would accept
+    and the rule refuses may be in it (a blank line, invalid UTF-8, a line nested too deep).
+
+    Vectorised: one UTF-8 check and three passes over the bytes, then work on the few lines that
+    may be blank or deep (`bytes.count` and `bytes.strip` over the whole chunk would cost as much as
+    Arrow's parse itself: ~0.15 s per 100 MB)."""
+    body_length = len(data) - data.endswith(b"\n")
+    if not body_length or not _is_valid_utf8(data):
+        return None
+    body = np.frombuffer(data, dtype=np.uint8, count=body_length)
+    separators = np.flatnonzero(body == _NEWLINE)
+    line_starts = np.concatenate((np.zeros(1, np.int64), separators + 1))
+    line_ends = np.append(separators, body_length)
     # A blank line is empty or starts with whitespace: only those few lines are looked at closely.
-    first = bytes_[np.minimum(line_starts, len(body) - 1)]
-    maybe_blank = (line_starts == line_ends) | np.isin(first, _JSON_WHITESPACE)
-    if any(not body[line_starts[i] : line_ends[i]].strip(b" \t\r") for i in np.flatnonzero(maybe_blank)):
-        return False
-    if data.count(b"{") + data.count(b"[") <= MAX_JSON_DEPTH:
-        return True
-    openers = np.flatnonzero((bytes_ == ord("{")) | (bytes_ == ord("[")))
-    per_line = np.bincount(np.searchsorted(line_starts, openers, side="right") - 1, minlength=len(line_starts))
-    return not any(is_too_deep(body[line_starts[i] : line_ends[i]]) for i in np.flatnonzero(per_line > MAX_JSON_DEPTH))
+    first = body[np.minimum(line_starts, body_length - 1)]
+    maybe_blank = (line_starts == line_ends) | _IS_JSON_WHITESPACE[first]
+    if any(not data[line_starts[i] : line_ends[i]].strip(b" \t\r") for i in np.flatnonzero(maybe_blank)):
+        return None
+    openers = (body | _OPENER_CASE_BIT) == _OPENER
+    if np.count_nonzero(openers) > MAX_JSON_DEPTH:
+        per_line = np.bincount(np.searchsorted(line_starts, np.flatnonzero(openers), side="right") - 1,
+                               minlength=len(line_starts))
+        if any(is_too_deep(data[line_starts[i] : line_ends[i]]) for i in np.flatnonzero(per_line > MAX_JSON_DEPTH)):
+            return None
+    return len(line_starts)
 
 
 @dataclass(frozen=True)
@@ -128,16 +146,13 @@ class JsonLinesChunk:
         return parse_json_lines(self, keys, skip_invalid, fields)
 
 
-def _count_lines(data: bytes) -> int:
-    return data.count(b"\n") + (0 if data.endswith(b"\n") else 1)
-
-
 def _parse_fast(
     data: bytes, keys: tuple[str, ...], fields: tuple[str, ...]
 ) -> tuple[dict[str, pa.LargeStringArray], dict[str, pa.Array]] | None:
     """(text columns, kept fields) of a chunk whose every line is an object with a string under each
     key and a number or string under each field, else None."""
-    if not _fast_path_applies(data):
+    lines = _fast_path_lines(data)
+    if lines is None:
         return None
     schema = pa.schema([(key, pa.large_string()) for key in keys])
     try:
@@ -150,7 +165,7 @@ def _parse_fast(
         )
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
         return None
-    if table.num_rows != _count_lines(data):
+    if table.num_rows != lines:
         return None
     kept = {}
     for name in fields:

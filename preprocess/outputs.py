@@ -33,7 +33,6 @@ import pyarrow as pa
 
 from indexed_dataset import IndexedDatasetWriter, TokenmillError, data_file_path, index_file_path, merge_datasets
 from indexed_dataset.formats import open_writer
-from indexed_dataset.mindrecord import shard_paths
 from indexed_dataset.names import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name
 
 from .config import PreprocessConfig
@@ -62,6 +61,10 @@ def output_files(fmt: str, path: str, mindrecord_shards: int = 1) -> list[str]:
         return [path]
     if fmt == "mmap":
         return [data_file_path(path), index_file_path(path)]
+    # Imported here: the MindRecord module loads numba (~0.12 s, ~56 MB), which a run without
+    # MindRecord outputs never needs (issue 19).
+    from indexed_dataset.mindrecord import shard_paths
+
     return [p + suffix for p in shard_paths(path, mindrecord_shards) for suffix in (MINDRECORD_INDEX_SUFFIX, "")]
 
 

@@ -60,8 +60,8 @@ logger = logging.getLogger(__name__)
 # another encodes the current one.
 IN_PROCESS_THREADS = 2
 # Resident memory (MiB) that every encoding process stays under. The main process once it has handed
-# encoding over (Python, pyarrow, numpy, numba, the writers: ~225 MB) plus one encoder process at this
-# limit stays under 600 MB whatever the input; a fresh encoder process starts at ~130 MB.
+# encoding over (Python, pyarrow, numpy, the writers, numba when writing MindRecord: ~225 MB) plus one
+# encoder process at this limit stays under 600 MB whatever the input; a fresh one starts at ~130 MB.
 DEFAULT_ENCODER_MEMORY_LIMIT_MB = 340
 # Resident memory (MiB) of a fresh encoder process (interpreter, numpy, pyarrow, awkward, a GPT-2
 # tokenizer): the rest of the limit is the room its cache may grow into. This process's own encoder gets

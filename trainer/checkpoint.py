@@ -44,7 +44,7 @@ from trainer.errors import CheckpointError
 logger = logging.getLogger(__name__)
 
 LATEST_FILE = "latest_checkpointed_iteration.txt"
-# Beside the iterations: what the tensors cannot tell about the model (`trainer.hf_convert`, `trainer.models.t5.convert`).
+# Beside the iterations: what the tensors cannot tell about the model (`trainer.models.gpt.convert`, `trainer.models.t5.convert`).
 MODEL_CONFIG_FILE = "model_config.json"
 # Model tensors are saved as "model.<parameter name>", optimiser states as "optim.<parameter name>.<key>".
 MODEL_PREFIX = "model."
@@ -212,6 +212,12 @@ def latest_iteration(root: str | os.PathLike) -> int | None:
         raise CheckpointError(f"{pointer} names iteration {iteration} but {checkpoint_dir(root, iteration)} "
                               "is missing or incomplete")
     return iteration
+
+
+def is_model_only_checkpoint(root: str | os.PathLike, iteration: int, verify: bool = True) -> bool:
+    """True for a checkpoint holding ``model.*`` tensors only (what ``convert-checkpoint --from-hf`` writes)."""
+    saved = SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata
+    return all(name.startswith(MODEL_PREFIX) for name in saved)
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:

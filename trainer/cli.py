@@ -35,6 +35,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, E
 
 from indexed_dataset.cli_support import Interrupted, run_command
 from indexed_dataset.errors import REPORTED_ERRORS
+from preprocess.tokenizers.config import TOKENIZER_FILE_FIELDS
 from trainer.cli_args import build_parser, config_from_args, environment_defaults
 from trainer.cli_flags import flags_in_message
 from trainer.config import TrainConfig
@@ -126,13 +127,18 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     parser = build_parser()
     parser.set_defaults(**environment_defaults())
     known, _ = parser.parse_known_args(argv)
+    sections = {}
     if known.load_hf is not None:
-        for values in spec_for_hf_directory(known.load_hf).hf_train_defaults(known.load_hf).values():
-            parser.set_defaults(**values)
+        sections = spec_for_hf_directory(known.load_hf).hf_train_defaults(known.load_hf)
     elif known.load is not None:
         check_load_path(known.load, known.save)
-        for values in checkpoint_train_defaults(known.load).values():
-            parser.set_defaults(**values)
+        sections = checkpoint_train_defaults(known.load)
+    # A tokenizer the user names replaces the stored one whole: mixing its files with the stored ones
+    # (a WordPiece vocab beside an spiece.model) would build neither.
+    own_tokenizer = any(getattr(known, name) != parser.get_default(name) for name in TOKENIZER_FILE_FIELDS)
+    for values in sections.values():
+        parser.set_defaults(**{name: value for name, value in values.items()
+                               if not (own_tokenizer and name in TOKENIZER_FILE_FIELDS)})
     return parser
 
 

@@ -33,6 +33,8 @@ MODEL_KINDS = tuple(FAMILIES)
 FEED_FORWARD_KINDS = ("relu", "gated-gelu")
 # Megatron's default: the loss scale starts at 2**32 and halves on every overflow until it fits.
 DEFAULT_INITIAL_LOSS_SCALE = 2.0**32
+# Megatron's --make-vocab-size-divisible-by default.
+DEFAULT_DIVISIBLE_BY = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,7 +107,8 @@ class ModelConfig:
     """Model kind and shape (T5 adds the t5 section)."""
 
     model: str = flag("gpt", choices=MODEL_KINDS)
-    """Model kind: gpt (decoder only) or t5 (encoder-decoder, span corruption on sentence-split data)."""
+    """Model kind: gpt (decoder only), t5 (encoder-decoder, span corruption on sentence-split data) or bert
+    (encoder, masked LM + sentence order on sentence-split WordPiece data)."""
     num_layers: int = flag(12, valid=AT_LEAST_ONE)
     """Number of transformer blocks (T5: encoder blocks)."""
     hidden_size: int = flag(768, valid=AT_LEAST_ONE)
@@ -120,7 +123,7 @@ class ModelConfig:
     """Rows of the learned position table; default seq_length."""
     vocab_size: int | None = flag(None, valid=AT_LEAST_ONE)
     """Vocabulary size before padding; default the tokenizer's."""
-    make_vocab_size_divisible_by: int = flag(128, valid=AT_LEAST_ONE)
+    make_vocab_size_divisible_by: int = flag(DEFAULT_DIVISIBLE_BY, valid=AT_LEAST_ONE)
     """Pad the vocabulary to a multiple of this times the tensor-parallel size (Megatron)."""
     hidden_dropout: float = flag(0.1, valid=PROBABILITY)
     """Dropout after attention and MLP and on the embeddings."""
@@ -328,6 +331,10 @@ class ParallelismConfig:
     """Shard norms and dropout along the sequence over the tensor-parallel ranks."""
     use_distributed_optimizer: bool = False
     """Shard parameters, gradients and optimiser state over data-parallel ranks (FSDP2)."""
+    keyed_dropout: bool = False
+    """Draw dropout masks from a hash of (seed, sample, layer, position, head/feature) instead of the random
+    stream, so that every tensor/pipeline/data-parallel layout drops the same elements and gives the same
+    losses (attention with dropout then runs unfused: slower)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -424,19 +431,67 @@ class T5Config:
     """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
     untie_embeddings_and_output_weights: bool = False
     """Separate LM head (v1.1, mT5); tied heads scale the decoder output by hidden_size**-0.5 (v1.0)."""
+    scale_decoder_outputs: bool | None = None
+    """Scale the decoder output by hidden_size**-0.5 before the head; default: when the head is tied (T5
+    v1.0). train --load-hf/--load take it from the model (transformers' mT5 never scales)."""
     relative_attention_num_buckets: int = flag(32, valid=AT_LEAST_ONE)
     """Relative position buckets of the attention bias (Megatron's and T5's default)."""
     relative_attention_max_distance: int = flag(128, valid=AT_LEAST_ONE)
     """Distance (positions) beyond which relative positions share the last bucket."""
     mask_prob: float = flag(0.15, valid=Range(0, 1, low_open=True, high_open=True))
-    """Noise density: the fraction of a sample's tokens replaced by spans."""
+    """Noise density: the fraction of a sample's tokens replaced by spans (BERT: masked)."""
     mean_noise_span_length: float = flag(3.0, valid=Range(1))
     """Average tokens per noise span."""
     short_seq_prob: float = flag(0.1, valid=FRACTION)
-    """Probability of a sample with a shorter random target length."""
+    """Probability of a sample with a shorter random target length (T5 and BERT)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+
+
+@dataclass(kw_only=True, slots=True)
+class BertConfig:
+    """BERT pre-training (read with model bert; shape from model, --mask-prob and --short-seq-prob from t5)."""
+
+    bert_no_binary_head: bool = False
+    """Train masked LM only: no pooler, no sentence-order head, single-segment samples (Megatron's spelling)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class MoEConfig:
+    """Mixture of experts (`trainer.moe`): Megatron's spellings, DeepSpeed's as aliases."""
+
+    moe: bool = False
+    """DeepSpeed's switch: the run is a MoE (num_experts must be given); implied by num_experts."""
+    num_experts: int | None = flag(None, "--moe-num-experts", "--moe_num_experts", valid=Range(2))
+    """Experts per MoE layer (DeepSpeed: --moe_num_experts); none: a dense model."""
+    expert_model_parallel_size: int = flag(1, "--moe-ep-size", "--moe_ep_size", valid=AT_LEAST_ONE)
+    """Expert-parallel degree: experts sharded over this many data-parallel ranks (DeepSpeed: --moe_ep_size)."""
+    moe_router_topk: int = flag(2, valid=Range(1, 2))
+    """Experts per token: 1 (Switch) or 2 (GShard, Megatron's default)."""
+    moe_router_pre_softmax: bool = False
+    """Softmax over all experts before top-k (Switch); default: softmax over the top-k logits (Megatron)."""
+    moe_aux_loss_coeff: float = flag(0.0, "--moe-loss-coeff", valid=NON_NEGATIVE)
+    """Weight of the load-balancing loss (Switch/GShard; the papers use 0.01; Megatron-DeepSpeed: --moe-loss-coeff)."""
+    moe_z_loss_coeff: float = flag(0.0, valid=NON_NEGATIVE)
+    """Weight of the router z-loss (ST-MoE uses 0.001)."""
+    moe_expert_capacity_factor: float | None = flag(None, "--moe-train-capacity-factor", valid=POSITIVE)
+    """Expert capacity as a multiple of the balanced share; assignments past it are dropped (residual
+    only); none: dropless."""
+    moe_layer_freq: int = flag(1, valid=AT_LEAST_ONE)
+    """Every k-th feed-forward layer (from the first) is a MoE layer; Switch Transformers use 2."""
+    moe_input_jitter_eps: float | None = flag(None, valid=Range(0, 1, low_open=True, high_open=True))
+    """Training: multiply the router's input by uniform(1-eps, 1+eps) noise (Switch; DeepSpeed's
+    noisy_gate_policy Jitter); none: no noise."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.moe and self.num_experts is None:
+            raise TrainConfigError("`moe` needs num_experts")
+        if self.num_experts is not None and self.moe_router_topk > self.num_experts:
+            raise TrainConfigError(f"moe_router_topk ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
+        if self.num_experts is None and self.expert_model_parallel_size > 1:
+            raise TrainConfigError(f"expert_model_parallel_size ({self.expert_model_parallel_size}) needs num_experts")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -453,6 +508,8 @@ class TrainConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     t5: T5Config = field(default_factory=T5Config)
+    bert: BertConfig = field(default_factory=BertConfig)
+    moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
         # Rules across sections that need no world size (those that do: `trainer.parallel_dims`).

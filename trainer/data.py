@@ -1,4 +1,5 @@
-"""Batches for the trainer: the samplers room's GPT datasets, read ahead by a background thread.
+"""Batches for the trainer, for any model family: vocabulary, data files, the data-parallel order of a
+family's datasets, read ahead by a background thread.
 
 Only the data-parallel rank decides which samples a process reads (`DataParallelSampler`); tensor
 and pipeline peers read the same ones. A step's batch is ``num_microbatches`` micro-batches of
@@ -13,12 +14,14 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from indexed_dataset import TokenmillError, data_file_path, format_of, index_file_path
-from samplers import DataParallelSampler, GPTDatasetConfig, build_gpt_datasets
+from samplers import DataParallelSampler
 from samplers.errors import EmptySplitError
 from samplers.run_length import EVAL_ITERS_FLAG, RunLength
 from trainer.config import DataConfig
@@ -28,19 +31,23 @@ from trainer.errors import TrainConfigError
 IGNORE_INDEX = -100
 # Steps read ahead; two keep the queue full while a step runs without holding much memory.
 PREFETCH_STEPS = 2
+# The item key under which `step_batches` gives a collate function each sample's id (int64 scalar tensor).
+SAMPLE_ID_KEY = "sample_id"
 
 
-@dataclass(slots=True)
-class MicroBatch:
-    """One micro-batch: tokens, position_ids and loss targets, each int64 [micro_batch_size, seq]."""
+class MicroBatch(Protocol):
+    """What the core reads of a family's micro-batch (a dataclass of the family's, in its ``data`` module):
+    its loss targets and sample ids; the model's inputs are the family's
+    (`trainer.models.spec.ParallelPlan.model_inputs`)."""
 
-    tokens: torch.Tensor
-    position_ids: torch.Tensor
     targets: torch.Tensor
-    """Labels with IGNORE_INDEX where the loss mask is 0."""
+    """int64 [micro_batch_size, seq]: labels, IGNORE_INDEX where no loss is taken."""
+    sample_ids: torch.Tensor | None
+    """int64 [micro_batch_size]: each sample's id in the run's global sample order (`stack_sample_ids`; what
+    keyed dropout is keyed by), None for items that did not come through `step_batches`."""
 
     def to(self, device: torch.device) -> MicroBatch:
-        return MicroBatch(*(t.to(device, non_blocking=True) for t in (self.tokens, self.position_ids, self.targets)))
+        """The micro-batch on ``device``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,40 +127,28 @@ def explained_sample_counts(run: RunLength, split: str) -> Iterator[None]:
         raise TrainConfigError(f"{error} ({run.explain(error.split)}); {advice}") from None
 
 
-def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, sizes: tuple[int, int, int]):
-    """The train, valid and test datasets (each None when empty and not asked for).
-
-    Args:
-        data: data settings.
-        seq_length: tokens per sample.
-        vocabulary: EOD and pad ids.
-        sizes: samples wanted per split.
-
-    Raises:
-        TrainConfigError: a prefix has no ``.bin``/``.idx`` or the split/blend is malformed.
-    """
-    prefixes, weights = check_data_files(data)
-    options = {"pad_id": vocabulary.pad_id} if vocabulary.pad_id is not None else {}
-    try:
-        config = GPTDatasetConfig(sequence_length=seq_length, random_seed=data.seed, blend=(prefixes, weights),
-                                  split=data.split, path_to_cache=data.data_cache_path, eod_id=vocabulary.eod_id,
-                                  **options)
-    except ValueError as error:
-        raise TrainConfigError(str(error)) from error
-    return build_gpt_datasets(config, sizes=sizes)
-
-
 def step_iterator(dataset, consumed_samples: int, micro_batch_size: int, num_microbatches: int, dp_rank: int,
-                  dp: int, vocab_size: int, collate_fn: Callable | None = None) -> Iterator[list]:
+                  dp: int, vocab_size: int, collate_fn: Callable) -> Iterator[list]:
     """This dp rank's micro-batches, one list per optimiser step, from ``consumed_samples`` on.
 
-    ``collate_fn(items, vocab_size)`` stacks a micro-batch's items (default: GPT's `collate`;
-    T5 passes `trainer.models.t5.data.collate_t5`).
+    ``collate_fn(items, vocab_size)`` stacks a micro-batch's items (the family's
+    `trainer.models.spec.TrainingParts.collate`).
     """
     sampler = DataParallelSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
                                   micro_batch_size=micro_batch_size, data_parallel_rank=dp_rank,
                                   data_parallel_size=dp)
-    return step_batches(dataset, sampler, num_microbatches, vocab_size, collate_fn or collate)
+    return step_batches(dataset, sampler, num_microbatches, vocab_size, collate_fn)
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the tokens of a micro-batch whose target is not IGNORE_INDEX (float32).
+
+    Args:
+        logits: [batch, seq, vocab] (under tensor parallelism a DTensor sharded over the vocabulary,
+            inside ``loss_parallel``).
+        targets: int64 [batch, seq].
+    """
+    return F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
 
 
 def check_token_ids(vocab_size: int, *ids: torch.Tensor) -> None:
@@ -175,29 +170,23 @@ def check_token_ids(vocab_size: int, *ids: torch.Tensor) -> None:
         raise TrainConfigError(f"the data holds token id {largest} but vocab_size is {vocab_size}")
 
 
-def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> MicroBatch:
-    """Stack samplers' items into a `MicroBatch`.
-
-    Raises:
-        TrainConfigError: a token id does not fit the model's vocabulary.
-    """
-    tokens = torch.stack([item["tokens"] for item in items]).long()
-    labels = torch.stack([item["labels"] for item in items]).long()
-    loss_mask = torch.stack([item["loss_mask"] for item in items])
-    check_token_ids(vocab_size, tokens, labels)
-    targets = labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
-    position_ids = torch.stack([item["position_ids"] for item in items]).long()
-    return MicroBatch(tokens=tokens, position_ids=position_ids, targets=targets)
-
-
 def step_batches(dataset, sampler, num_microbatches: int, vocab_size: int, collate_fn: Callable) -> Iterator[list]:
     """Yield each step's micro-batches, in the sampler's order, stacked by ``collate_fn(items, vocab_size)``."""
     step: list = []
     for indices in sampler:
-        step.append(collate_fn([dataset[i] for i in indices], vocab_size))
+        # The trainer's sampler reads the global order in sequence, so an id is never read twice in a run.
+        items = [{**dataset[i], SAMPLE_ID_KEY: torch.tensor(i, dtype=torch.int64)} for i in indices]
+        step.append(collate_fn(items, vocab_size))
         if len(step) == num_microbatches:
             yield step
             step = []
+
+
+def stack_sample_ids(items: list[dict[str, torch.Tensor]]) -> torch.Tensor | None:
+    """int64 [len(items)]: the sample ids `step_batches` put in the items; None when an item has none."""
+    if not all(SAMPLE_ID_KEY in item for item in items):
+        return None
+    return torch.stack([item[SAMPLE_ID_KEY] for item in items])
 
 
 class Prefetcher:

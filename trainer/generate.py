@@ -1,8 +1,9 @@
-"""`generate(config)`: continue prompts with a tokenmill checkpoint or a Hugging Face GPT-2 directory.
+"""``generate``: continue prompts with a checkpoint or a Hugging Face directory of any model family.
 
-One process, or tp x pp x dp processes (under torchrun, ``generate --nproc-per-node N``, or a group the
-caller set up): prompts are split over the data-parallel replicas, run in left-padded batches with a
-KV cache, and every rank returns every prompt's completion.
+The run's config and result, and the dispatch to the family of the source (its
+`trainer.models.spec.ModelSpec.generate`; GPT's in `trainer.models.gpt.generate`, T5's in
+`trainer.models.t5.generate`). Collective: under torchrun (or ``generate --nproc-per-node N``) every rank
+calls `generate` and every rank gets every completion.
 
     from trainer.generate import GenerateConfig, generate
     from trainer.generation.sampling import SamplingConfig
@@ -13,31 +14,14 @@ KV cache, and every rank returns every prompt's completion.
 
 from __future__ import annotations
 
-import logging
+import os
 from dataclasses import dataclass, field
-from pathlib import Path
-
-import torch
-import torch.distributed as dist
 
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
-from trainer.checkpoint import load_checkpoint
-from trainer.distributed import init_distributed, resolve_device_type
-from trainer.errors import CheckpointError, TrainConfigError
-from trainer.generation.kv_cache import KVCache
-from trainer.generation.parallel import GenerationLayout, ShardedGPT
-from trainer.generation.sampling import SamplingConfig, next_tokens
-from trainer.checkpoint import resolve_checkpoint
-from trainer.hf_convert import MODEL_CONFIG_FILE, MODEL_PREFIX, load_hf_weights, read_model_config
-from trainer.hf_files import is_hf_directory, read_hf_config, tokenizer_config_for_directory
-from trainer.models.gpt.hf import check_hf_config, shape_from_hf_config
-from trainer.models.gpt.model import GPTShape
-from trainer.parallel_dims import pad_vocab_size
-
-logger = logging.getLogger(__name__)
-
-# Id written into the left padding of a batch; masked out of attention, so any valid id works.
-PAD_TOKEN_ID = 0
+from trainer.errors import TrainConfigError
+from trainer.generation.sampling import SamplingConfig
+from trainer.hf_files import tokenizer_config_for_directory
+from trainer.models import spec_for_source
 
 
 @dataclass(kw_only=True, slots=True)
@@ -87,173 +71,32 @@ class Completion:
     """Generated token ids; the last is the EOD id when generation stopped there."""
 
 
-@dataclass(frozen=True, slots=True)
-class _Source:
-    """Where the weights come from and what the model is."""
+def prompt_tokenizer(config: GenerateConfig, directory: str | os.PathLike) -> Tokenizer | None:
+    """The tokenizer of a run: its options, else the tokenizer files stored in ``directory`` (a HF
+    directory or a checkpoint root); None when there is neither and every prompt is given as ids.
 
-    directory: Path
-    """The HF directory, or the checkpoint root (where tokenizer files are looked for)."""
-    shape: GPTShape
-    vocab_size: int
-    eod_id: int | None
-    iteration: int | None
-    """The checkpoint's iteration; None for a HF directory."""
-
-
-def _resolve_source(path: str, tp: int) -> _Source:
-    if is_hf_directory(path):
-        config = read_hf_config(path)
-        check_hf_config(config, f"{path}/config.json")
-        # No training layout to match: pad only as far as the tp shards need.
-        shape = shape_from_hf_config(config, pad_vocab_size(config["vocab_size"], 1, tp))
-        return _Source(Path(path), shape, config["vocab_size"], config.get("eos_token_id"), iteration=None)
-    root, iteration = resolve_checkpoint(path)
-    model = read_model_config(root)
-    if model is None:
-        raise CheckpointError(f"{root} has no {MODEL_CONFIG_FILE}, so its head count and vocabulary size are unknown: "
-                              f"export it with convert-checkpoint --from {root} --to-hf DIR --num-attention-heads N "
-                              "--vocab-size V and generate from DIR")
-    return _Source(root, model.shape, model.vocab_size, model.eod_id, iteration)
-
-
-def _load_weights(model: ShardedGPT, source: _Source, verify: bool) -> None:
-    if source.iteration is None:
-        load_hf_weights(model.named_parameters(), source.directory, source.shape)
-        return
-    load_checkpoint(source.directory, source.iteration,
-                    {MODEL_PREFIX + name: p.detach() for name, p in model.named_parameters()}, verify=verify)
-
-
-def left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Left-padded tokens, their real-token mask and position ids, each [batch, longest prompt].
-
-    Positions count from 0 at each row's first real token (padding gets 0), as in an unpadded run.
+    Raises:
+        TrainConfigError: text prompts without a tokenizer.
     """
-    longest = max(len(p) for p in prompts)
-    tokens = torch.full((len(prompts), longest), PAD_TOKEN_ID, dtype=torch.int64)
-    mask = torch.zeros(len(prompts), longest, dtype=torch.bool)
-    for row, ids in enumerate(prompts):
-        tokens[row, longest - len(ids):] = torch.tensor(ids, dtype=torch.int64)
-        mask[row, longest - len(ids):] = True
-    positions = (mask.long().cumsum(dim=1) - 1).clamp(min=0)
-    return tokens.to(device), mask.to(device), positions.to(device)
-
-
-def generate_ids(model: ShardedGPT, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig,
-                 eod_id: int | None, generator: torch.Generator | None) -> list[list[int]]:
-    """Continue one batch of prompts (collective over the model's tp/pp ranks).
-
-    Args:
-        model: this rank's part of the model.
-        prompts: token ids of each prompt (lengths may differ).
-        max_new_tokens: most tokens generated per prompt.
-        sampling: how the next token is chosen.
-        eod_id: a row stops after generating this id (None: never stops early).
-        generator: random source of sampling (seeded identically on every tp rank).
-
-    Returns:
-        The generated ids of each prompt, ending with ``eod_id`` when it stopped there.
-    """
-    tokens, mask, positions = left_pad(prompts, model.device)
-    lengths = mask.sum(dim=1)
-    cache = KVCache(mask, max_length=tokens.shape[1] + max_new_tokens)
-    done = torch.zeros(len(prompts), dtype=torch.bool, device=model.device)
-    generated: list[torch.Tensor] = []
-    choose = lambda logits: next_tokens(logits, sampling, generator)  # noqa: E731
-    step_tokens, step_positions = tokens, positions
-    for step in range(max_new_tokens):
-        chosen = model.next_tokens(step_tokens, step_positions, cache.step(step_tokens.shape[1]), choose)
-        generated.append(chosen)
-        if eod_id is not None:
-            done |= chosen == eod_id
-        if bool(done.all()):
-            break
-        step_tokens, step_positions = chosen[:, None], (lengths + step)[:, None]
-    table = torch.stack(generated, dim=1).tolist()
-    out = []
-    for row in table:
-        cut = row.index(eod_id) + 1 if eod_id in row else len(row)
-        out.append(row[:cut])
-    return out
-
-
-def _check_positions(prompts: list[list[int]], max_new_tokens: int, limit: int) -> None:
-    # The last generated token is never fed back, so the largest position used is len + new - 2.
-    longest = max(len(p) for p in prompts)
-    if longest + max_new_tokens - 1 > limit:
-        raise TrainConfigError(f"a prompt of {longest} tokens plus max_new_tokens {max_new_tokens} exceeds the "
-                               f"model's {limit} positions")
-
-
-def _tokenize(config: GenerateConfig, source: _Source) -> tuple[Tokenizer | None, list[str | list[int]],
-                                                               list[list[int]]]:
-    tokenizer_config = config.tokenizer or tokenizer_config_for_directory(source.directory)
+    tokenizer_config = config.tokenizer or tokenizer_config_for_directory(directory)
     if config.prompts and tokenizer_config is None:
         raise TrainConfigError(f"text prompts need a tokenizer: {config.load} holds no tokenizer files; "
                                "give the tokenizer options or prompts as token ids")
-    tokenizer = build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
-    given: list[str | list[int]] = [*config.prompts, *config.prompt_ids]
-    ids = [tokenizer.encode(text) for text in config.prompts] + [list(p) for p in config.prompt_ids]
-    if any(not p for p in ids):
-        raise TrainConfigError("a prompt encodes to no tokens")
-    return tokenizer, given, ids
+    return build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
 
 
-@dataclass(frozen=True, slots=True)
-class GenerationPlan:
-    """Everything checked before the first collective: model, tokenizer, prompts, layout."""
-
-    source: _Source
-    tokenizer: Tokenizer | None
-    given: list[str | list[int]]
-    prompt_ids: list[list[int]]
-    eod_id: int | None
-    layout: GenerationLayout
-
-
-def plan_generation(config: GenerateConfig, world_size: int) -> GenerationPlan:
-    """Resolve and check a run on ``world_size`` processes without touching a process group.
+def check_generation(config: GenerateConfig, world_size: int) -> None:
+    """Check a run on ``world_size`` processes before any starts (what every rank would reject).
 
     Raises:
         TokenmillError: the model, tokenizer, prompts or layout are wrong (one clear message).
     """
-    source = _resolve_source(config.load, config.tensor_model_parallel_size)
-    tokenizer, given, prompt_ids = _tokenize(config, source)
-    largest, smallest = max(max(p) for p in prompt_ids), min(min(p) for p in prompt_ids)
-    if largest >= source.vocab_size or smallest < 0:
-        raise TrainConfigError(f"prompt token ids must be in [0, {source.vocab_size}) (the model's vocabulary); "
-                               f"found {largest if largest >= source.vocab_size else smallest}")
-    _check_positions(prompt_ids, config.max_new_tokens, source.shape.max_position_embeddings)
-    layout = GenerationLayout.resolve(source.shape, config.tensor_model_parallel_size,
-                                      config.pipeline_model_parallel_size, world_size)
-    eod_id = tokenizer.eod if tokenizer is not None else source.eod_id
-    return GenerationPlan(source, tokenizer, given, prompt_ids, eod_id, layout)
-
-
-def _generate_here(config: GenerateConfig, plan: GenerationPlan, device_type: str, device: torch.device) -> dict:
-    """This rank's share: its data-parallel replica's prompts, then every replica's results."""
-    layout, prompt_ids = plan.layout, plan.prompt_ids
-    model = ShardedGPT(plan.source.shape, plan.source.vocab_size, layout, layout.build_mesh(device_type), device)
-    _load_weights(model, plan.source, verify=not config.no_verify)
-    model.finish_loading()
-    generator = torch.Generator(device=device).manual_seed(config.seed)
-    mine = list(range(model.dp_rank, len(prompt_ids), layout.dp))
-    logger.info("generating for %d prompts (tp %d, pp %d, dp %d)", len(prompt_ids), layout.tp, layout.pp, layout.dp)
-    results: dict[int, list[int]] = {}
-    for start in range(0, len(mine), config.batch_size):
-        batch = mine[start:start + config.batch_size]
-        generated = generate_ids(model, [prompt_ids[i] for i in batch], config.max_new_tokens, config.sampling,
-                                 plan.eod_id, generator)
-        results |= dict(zip(batch, generated))
-    if model.dp_group is not None:
-        gathered: list[dict[int, list[int]]] = [{} for _ in range(layout.dp)]
-        dist.all_gather_object(gathered, results, group=model.dp_group)
-        results = {k: v for part in gathered for k, v in part.items()}
-    return results
+    spec_for_source(config.load).check_generation(config, world_size)
 
 
 def generate(config: GenerateConfig) -> list[Completion]:
-    """Generate a continuation of every prompt (collective: every process of the group calls it).
+    """Generate a continuation of every prompt with the family of ``config.load`` (collective: every process
+    of the group calls it).
 
     Returns:
         One `Completion` per prompt, in order (texts first, then id prompts), on every rank.
@@ -262,19 +105,4 @@ def generate(config: GenerateConfig) -> list[Completion]:
         TokenmillError: a missing/mismatched model, tokenizer or layout (one clear message), raised
             on every rank before the first collective.
     """
-    device_type = resolve_device_type(config.device)
-    ctx = init_distributed(device_type)
-    try:
-        plan = plan_generation(config, ctx.world_size)
-        results = _generate_here(config, plan, device_type, ctx.device)
-    finally:
-        if ctx.owns_process_group:
-            dist.destroy_process_group()
-    completions = []
-    for index, prompt in enumerate(plan.given):
-        ids = results[index]
-        text = None
-        if plan.tokenizer is not None:
-            text = plan.tokenizer.decode(ids[:-1] if ids and ids[-1] == plan.eod_id else ids)
-        completions.append(Completion(prompt=prompt, text=text, ids=ids))
-    return completions
+    return spec_for_source(config.load).generate(config)

@@ -7,8 +7,9 @@
     # 2 CPU processes, tensor parallel (started through torch's elastic launcher, as train does)
     generate --load gpt2/ --prompt "Hello" --nproc-per-node 2 --device cpu --tensor-model-parallel-size 2
     # a T5/mT5 directory (config.json model_type t5/mt5) or a train --model t5 checkpoint: encoder
-    # input -> decoder output, one process
-    generate --load t5-small/ --prompt "translate English to German: Hello" --greedy
+    # input -> decoder output; here split into two pipeline stages (encoder/decoder blocks), one process each
+    generate --load t5-small/ --prompt "translate English to German: Hello" --greedy \\
+             --nproc-per-node 2 --pipeline-model-parallel-size 2
 
 Without tokenizer flags the tokenizer files stored with the model are used. Prints each continuation
 (``--json``: one object per prompt and line, with ``prompt``, ``text`` and the generated ``ids``).
@@ -33,7 +34,7 @@ from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_confi
 from trainer.cli_flags import flags_in_message
 from trainer.config import LaunchConfig
 from trainer.distributed import launch, under_launcher
-from trainer.generate import GenerateConfig, plan_generation
+from trainer.generate import GenerateConfig, check_generation
 from trainer.generation.sampling import SamplingConfig
 from trainer.models import spec_for_source
 
@@ -171,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.basicConfig(level=logging.INFO, format="%(message)s")
         try:
             # Fail here, before any process starts, on what the workers would all reject.
-            plan_generation(config, launch_config.num_gpus_per_node)
+            check_generation(config, launch_config.num_gpus_per_node)
         except REPORTED_ERRORS as error:
             _fail(str(error))
             return EXIT_ERROR

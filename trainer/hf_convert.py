@@ -1,62 +1,22 @@
-"""Hugging Face GPT-2 directories <-> tokenmill checkpoints, and HF weights into a (parallel) model
-(T5/mT5 directories and T5 checkpoints are passed on to `trainer.models.t5.convert`).
+"""``convert-checkpoint``: Hugging Face directories <-> tokenmill checkpoints, for any model family.
 
-A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint`) with the model only, at
-iteration 0, so ``train --load`` starts from it in any tp/pp/dp layout. Beside it, in the checkpoint
-root, ``model_config.json`` records the shape, the real vocabulary size and the EOD id (what export
-and ``generate`` need and tensors cannot tell: the head count, the padding), and the HF tokenizer
-files are copied there.
+The command's config and its dispatch: the family of the source (a HF directory's ``model_type``, a
+checkpoint's ``model_config.json``) converts (`trainer.models.spec.ModelSpec.import_hf_checkpoint` and
+``export_hf_checkpoint``; GPT's in `trainer.models.gpt.convert`, T5's in `trainer.models.t5.convert`).
 
-    import_hf_checkpoint("gpt2/", "checkpoints/gpt2")               # convert-checkpoint --from-hf ... --to ...
-    export_hf_checkpoint("checkpoints/run1", "gpt2-finetuned/")      # convert-checkpoint --from ... --to-hf ...
-    load_hf_weights(model.named_parameters(), "gpt2/", shape)        # train --load-hf: any layout, in place
+    convert_checkpoint(ConvertCheckpointConfig(from_hf="gpt2/", to="checkpoints/gpt2"))
+    convert_checkpoint(ConvertCheckpointConfig(from_checkpoint="checkpoints/run1", to_hf="gpt2-finetuned/"))
 """
 
 from __future__ import annotations
 
-import dataclasses
-import logging
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-from torch import nn
-from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-from trainer.checkpoint import (
-    IMPORTED_ITERATION,
-    LATEST_FILE,
-    MODEL_CONFIG_FILE,
-    MODEL_PREFIX,
-    SafeFileSystemReader,
-    checkpoint_dir,
-    copy_into_parameter,
-    load_checkpoint,
-    resolve_checkpoint,
-    save_checkpoint,
-)
-from trainer.errors import CheckpointError
-from trainer.hf_files import (
-    copy_tokenizer_files,
-    read_hf_config,
-    read_hf_weights,
-    read_json,
-    tokenizer_train_defaults,
-    write_hf_directory,
-    write_json,
-)
+from trainer.checkpoint import MODEL_CONFIG_FILE, resolve_checkpoint
 from trainer.models import spec_for_checkpoint, spec_for_hf_directory
-from trainer.models.gpt.hf import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
-from trainer.models.gpt.model import GPT, GPTShape
-from trainer.parallel_dims import pad_vocab_size
-
-logger = logging.getLogger(__name__)
-
-# The trainer's defaults for the vocabulary padding (Megatron's --make-vocab-size-divisible-by).
-DEFAULT_DIVISIBLE_BY = 128
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,58 +58,6 @@ class ConvertCheckpointConfig:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
-@dataclass(frozen=True, slots=True)
-class CheckpointModel:
-    """What a checkpoint's tensors do not tell about its model."""
-
-    shape: GPTShape
-    vocab_size: int
-    """Real (unpadded) vocabulary size."""
-    eod_id: int | None
-
-
-def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
-    """Write ``model_config.json`` into a checkpoint root (call on one rank)."""
-    Path(root).mkdir(parents=True, exist_ok=True)
-    # The checkpoint's tensors are unfused whatever the run computed with (`trainer.models.gpt.fused_qkv`), so the
-    # fusion switch is the saving run's, not the checkpoint's: it is left out.
-    shape = {name: value for name, value in dataclasses.asdict(model.shape).items() if name != "fused_qkv"}
-    write_json(Path(root) / MODEL_CONFIG_FILE, {"shape": shape,
-                                                "vocab_size": model.vocab_size, "eod_id": model.eod_id})
-
-
-def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
-    """The ``model_config.json`` of a checkpoint root, or None when it has none.
-
-    Raises:
-        CheckpointError: the file exists but is malformed.
-    """
-    path = Path(root) / MODEL_CONFIG_FILE
-    if not path.is_file():
-        return None
-    value = read_json(path)
-    if value.get("model", "gpt") != "gpt":
-        raise CheckpointError(f"{path}: a {value['model']} checkpoint; export it with convert-checkpoint --to-hf")
-    try:
-        return CheckpointModel(shape=GPTShape(**value["shape"]), vocab_size=int(value["vocab_size"]),
-                               eod_id=value.get("eod_id"))
-    except (KeyError, TypeError, ValueError) as error:
-        raise CheckpointError(f"{path}: malformed model config ({error!r})") from None
-
-
-def model_config_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The `trainer.config.ModelConfig` fields that a (checked) HF GPT-2 config fixes (for ``train --load-hf``)."""
-    return _model_fields(shape_from_hf_config(hf_config), hf_config["vocab_size"])
-
-
-def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
-    """The `trainer.config.ModelConfig` fields that rebuild ``shape`` over a real vocabulary of ``vocab_size``."""
-    return {"num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
-            "num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
-            "max_position_embeddings": shape.max_position_embeddings, "vocab_size": vocab_size,
-            "layernorm_epsilon": shape.layernorm_epsilon}
-
-
 def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Defaults that ``train --load ROOT`` takes from a checkpoint root, by `TrainConfig` section: what its
     family's spec reads from ``model_config.json`` and the tokenizer files. {} for a root without a model
@@ -157,173 +65,6 @@ def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, An
     if not (Path(root) / MODEL_CONFIG_FILE).is_file():
         return {}
     return spec_for_checkpoint(root).checkpoint_train_defaults(root)
-
-
-def gpt_checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """GPT's `checkpoint_train_defaults`: the shape and real vocabulary of model_config.json, the tokenizer."""
-    model = read_model_config(root)
-    return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size)},
-            **tokenizer_train_defaults(root)}
-
-
-def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """Defaults that ``train --load-hf DIR`` takes from the directory, by `TrainConfig` section.
-
-    ``model``: the shape fields of `model_config_from_hf`; ``data``: the tokenizer options of the
-    tokenizer files stored there (absent when there are none). Flags the user gives still win;
-    `load_hf_weights` then rejects a shape the weights do not fit.
-
-    Raises:
-        HFConversionError: the directory is not a convertible GPT-2.
-    """
-    return {"model": model_config_from_hf(_checked_config(hf_dir)), **tokenizer_train_defaults(hf_dir)}
-
-
-def is_model_only_checkpoint(root: str | os.PathLike, iteration: int, verify: bool = True) -> bool:
-    """True for a checkpoint holding ``model.*`` tensors only (what `import_hf_checkpoint` writes)."""
-    saved = SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata
-    return all(name.startswith(MODEL_PREFIX) for name in saved)
-
-
-def _checked_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
-    config = read_hf_config(hf_dir)
-    check_hf_config(config, str(Path(hf_dir) / "config.json"))
-    return config
-
-
-def import_hf_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike,
-                         make_vocab_size_divisible_by: int = DEFAULT_DIVISIBLE_BY,
-                         tensor_model_parallel_size: int = 1) -> Path:
-    """Convert a HF GPT-2 directory into a model-only tokenmill checkpoint at iteration 0.
-
-    Args:
-        hf_dir: local directory with config.json and the weights.
-        root: checkpoint root to create (must not hold a checkpoint yet).
-        make_vocab_size_divisible_by: vocabulary padding, as the ``train`` run that loads it.
-        tensor_model_parallel_size: tp degree of that run (the padding is a multiple of both).
-
-    Returns:
-        The checkpoint directory written.
-
-    Raises:
-        HFConversionError: the directory is not a convertible GPT-2 (message names the file/tensor).
-        CheckpointError: ``root`` already holds a checkpoint.
-    """
-    if (Path(root) / LATEST_FILE).exists():
-        raise CheckpointError(f"{root} already holds a checkpoint; convert into a new directory")
-    config = _checked_config(hf_dir)
-    padded = pad_vocab_size(config["vocab_size"], make_vocab_size_divisible_by, tensor_model_parallel_size)
-    shape = shape_from_hf_config(config, padded)
-    state = state_from_hf(read_hf_weights(hf_dir), config, shape, str(hf_dir))
-    Path(root).mkdir(parents=True, exist_ok=True)
-    copy_tokenizer_files(hf_dir, root)
-    save_model_config(root, CheckpointModel(shape, config["vocab_size"], config.get("eos_token_id")))
-    # The pointer file, written last by save_checkpoint, is what makes the root a valid checkpoint.
-    return save_checkpoint(root, IMPORTED_ITERATION, {MODEL_PREFIX + name: t for name, t in state.items()})
-
-
-def parameter_shapes(shape: GPTShape) -> dict[str, torch.Size]:
-    """Name -> shape of every parameter of ``GPT(shape)`` (the tied head once), built on the meta device,
-    in the checkpoint layout (q, k and v apart, also for a fused ``shape``)."""
-    with torch.device("meta"):
-        model = GPT(shape.unfused())
-    return {name: p.shape for name, p in model.named_parameters()}
-
-
-def _infer_model(root: Path, iteration: int, num_attention_heads: int | None,
-                 vocab_size: int | None, verify: bool) -> CheckpointModel:
-    """The model of a checkpoint without ``model_config.json``: sizes from the tensors, the rest from the caller."""
-    if num_attention_heads is None or vocab_size is None:
-        raise CheckpointError(f"{root} has no {MODEL_CONFIG_FILE}: give num_attention_heads and vocab_size")
-    saved = SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata
-    sizes = {name.removeprefix(MODEL_PREFIX): tuple(meta.size) for name, meta in saved.items()
-             if name.startswith(MODEL_PREFIX) and isinstance(meta, TensorStorageMetadata)}
-    try:
-        padded, hidden = sizes["tok_embeddings.weight"]
-        layers = {int(m.group(1)) for name in sizes if (m := re.match(r"layers\.(\d+)\.", name))}
-        shape = GPTShape(num_layers=len(layers), hidden_size=hidden, num_attention_heads=num_attention_heads,
-                         ffn_hidden_size=sizes["layers.0.feed_forward.w1.weight"][0],
-                         max_position_embeddings=sizes["pos_embeddings.weight"][0], padded_vocab_size=padded)
-    except KeyError as error:
-        raise CheckpointError(f"{checkpoint_dir(root, iteration)} holds no GPT model tensor {error}") from None
-    if hidden % num_attention_heads or vocab_size > padded:
-        raise CheckpointError(f"{root}: num_attention_heads {num_attention_heads} / vocab_size {vocab_size} do not fit "
-                              f"hidden size {hidden} / {padded} embedding rows")
-    return CheckpointModel(shape, vocab_size, None)
-
-
-def checkpoint_model(path: str | os.PathLike, num_attention_heads: int | None = None,
-                     vocab_size: int | None = None, verify: bool = True) -> tuple[Path, int, CheckpointModel]:
-    """Root, iteration and model of a tokenmill checkpoint (``model_config.json``, else the given sizes)."""
-    root, iteration = resolve_checkpoint(path)
-    model = read_model_config(root) or _infer_model(root, iteration, num_attention_heads, vocab_size, verify)
-    return root, iteration, model
-
-
-def read_checkpoint_state(root: Path, iteration: int, shape: GPTShape, verify: bool = True) -> dict[str, torch.Tensor]:
-    """The full model parameters of a checkpoint, in this process (resharded from any saved layout)."""
-    state = {MODEL_PREFIX + name: torch.empty(size) for name, size in parameter_shapes(shape).items()}
-    load_checkpoint(root, iteration, state, verify=verify)
-    return {name.removeprefix(MODEL_PREFIX): t for name, t in state.items()}
-
-
-def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num_attention_heads: int | None = None,
-                         vocab_size: int | None = None, verify: bool = True) -> Path:
-    """Write a tokenmill checkpoint as a ``GPT2LMHeadModel`` directory (config.json + model.safetensors).
-
-    Args:
-        path: checkpoint root (its latest iteration) or one ``iter_XXXXXXX`` directory.
-        hf_dir: output directory; tokenizer files found in the checkpoint root are copied into it.
-        num_attention_heads: needed only when the root has no ``model_config.json``.
-        vocab_size: likewise (the real vocabulary size; padded rows are dropped).
-        verify: check the checkpoint's files against its manifest first.
-
-    Returns:
-        ``hf_dir``.
-
-    Raises:
-        CheckpointError: no checkpoint, or its tensors do not fit the model.
-    """
-    root, iteration, model = checkpoint_model(path, num_attention_heads, vocab_size, verify)
-    state = read_checkpoint_state(root, iteration, model.shape, verify)
-    tensors = state_to_hf(state, model.shape.num_layers, model.vocab_size)
-    config = hf_config_from_shape(model.shape, model.vocab_size, model.eod_id)
-    return write_hf_directory(hf_dir, config, tensors, tokenizer_source=root)
-
-
-def _check_shape_fits(config: dict[str, Any], shape: GPTShape, source: str) -> None:
-    theirs = shape_from_hf_config(config, shape.padded_vocab_size)
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
-                  "layernorm_epsilon"):
-        if getattr(theirs, field) != getattr(shape, field):
-            raise CheckpointError(f"{source}: the model has {field} {getattr(theirs, field)} but the run asks for "
-                                  f"{getattr(shape, field)}")
-
-
-def load_hf_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: str | os.PathLike,
-                    shape: GPTShape) -> dict[str, Any]:
-    """Fill a model's parameters with HF GPT-2 weights in place, in any tp/pp/dp layout.
-
-    Args:
-        named_parameters: this rank's parameters under full-model names (a pipeline stage's tied head
-            copy named ``tok_embeddings.weight``), plain tensors or DTensors (TP, FSDP2).
-        hf_dir: local HF GPT-2 directory.
-        shape: the model's dimensions; the vocabulary may be padded beyond the config's.
-
-    Returns:
-        The HF config.
-
-    Raises:
-        HFConversionError: the directory is not a convertible GPT-2.
-        CheckpointError: its dimensions differ from ``shape``.
-    """
-    config = _checked_config(hf_dir)
-    _check_shape_fits(config, shape, str(Path(hf_dir) / "config.json"))
-    state = state_from_hf(read_hf_weights(hf_dir), config, shape, str(hf_dir))
-    for name, param in named_parameters:
-        copy_into_parameter(param, state[name])
-    logger.info("loaded Hugging Face weights from %s", hf_dir)
-    return config
 
 
 def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:

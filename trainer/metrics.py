@@ -13,7 +13,7 @@ import json
 import logging
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -56,6 +56,8 @@ class TrainStats:
     tokens_per_second: float
     tflops_per_device: float
     mfu: float | None
+    auxiliary: dict[str, float] = field(default_factory=dict)
+    """The model's auxiliary losses and metrics (`trainer.auxiliary`), by name; logged after the rest."""
 
     def log_line(self) -> str:
         line = (f" iteration {self.iteration:8d}/{self.train_iters:8d} | consumed samples: {self.consumed_samples:12d}"
@@ -66,6 +68,8 @@ class TrainStats:
                 f" | tokens/s: {self.tokens_per_second:.0f} | TFLOP/s/device: {self.tflops_per_device:.3f}")
         if self.mfu is not None:
             line += f" | MFU: {100 * self.mfu:.1f}%"
+        for name, value in self.auxiliary.items():
+            line += f" | {name}: {value:.6E}"
         return line
 
 
@@ -128,7 +132,8 @@ class MetricsWriter:
         if not self.enabled:
             return
         logger.info(stats.log_line())
-        record = {name: getattr(stats, name) for name in stats.__slots__ if name != "train_iters"}
+        record = {name: getattr(stats, name) for name in stats.__slots__ if name not in ("train_iters", "auxiliary")}
+        record |= stats.auxiliary
         record["consumed_tokens"] = consumed_tokens(record)
         self._write(record)
         self._add_scalars("train", record)

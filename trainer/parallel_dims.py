@@ -14,8 +14,11 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from trainer.config import TrainConfig
 from trainer.errors import TrainConfigError
+from trainer.models import model_spec
 
 MESH_DIM_NAMES = ("pp", "dp", "tp")
+# With expert parallelism dp is the flattened (expert_dp, ep): Megatron's order, ep fastest within dp.
+EP_MESH_DIM_NAMES = ("pp", "expert_dp", "ep", "tp")
 
 
 def pad_vocab_size(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -34,6 +37,8 @@ class ParallelDims:
     micro_batch_size: int
     num_microbatches: int
     """Micro-batches per optimiser step on one dp rank (gradient accumulation, or pipeline micro-batches)."""
+    ep: int = 1
+    """Expert-parallel degree: a divisor of dp (each MoE layer's experts sharded over ep data-parallel ranks)."""
 
     @property
     def world_size(self) -> int:
@@ -44,8 +49,14 @@ class ParallelDims:
         return self.micro_batch_size * self.dp * self.num_microbatches
 
     def build_mesh(self, device_type: str) -> DeviceMesh:
-        """One mesh over all ranks with named dims ``pp``, ``dp``, ``tp`` (tp fastest, as Megatron)."""
-        return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES)
+        """One mesh over all ranks with named dims ``pp``, ``dp``, ``tp`` (tp fastest, as Megatron); under
+        expert parallelism ``pp``, ``expert_dp``, ``ep``, ``tp``, with ``dp`` their flattened (expert_dp, ep)."""
+        if self.ep == 1:
+            return init_device_mesh(device_type, (self.pp, self.dp, self.tp), mesh_dim_names=MESH_DIM_NAMES)
+        mesh = init_device_mesh(device_type, (self.pp, self.dp // self.ep, self.ep, self.tp),
+                                mesh_dim_names=EP_MESH_DIM_NAMES)
+        mesh["expert_dp", "ep"]._flatten("dp")
+        return mesh
 
 
 def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
@@ -70,22 +81,11 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
         (model.ffn_hidden_size % tp == 0,
          f"ffn_hidden_size ({model.ffn_hidden_size}) is not divisible by tensor_model_parallel_size ({tp})"),
     ]
-    if model.model == "t5":
-        # The vocabulary is padded to a multiple of tp (`pad_vocab_size`); T5 has no position table.
-        rules.append((not par.sequence_parallel, "sequence_parallel is not implemented for model t5"))
-        decoder_layers = config.t5.decoder_num_layers or model.num_layers
-        num_layers = model.num_layers + decoder_layers
-        layers_name = f"num_layers + decoder_num_layers ({model.num_layers} + {decoder_layers})"
-    else:
-        rules += [
-            (model.max_position_embeddings % tp == 0,
-             f"max_position_embeddings ({model.max_position_embeddings}) is not divisible by "
-             f"tensor_model_parallel_size ({tp})"),
-            (not par.sequence_parallel or model.seq_length % tp == 0,
-             f"seq_length ({model.seq_length}) is not divisible by tensor_model_parallel_size ({tp}), "
-             f"which sequence_parallel needs"),
-        ]
-        num_layers, layers_name = model.num_layers, f"num_layers ({model.num_layers})"
+    family = model_spec(model.model).layout_rules(config, tp)
+    rules += family.rules
+    ep = config.moe.expert_model_parallel_size
+    rules += _expert_rules(config, dp, tp, ep)
+    num_layers, layers_name = family.num_layers, family.layers_name
     if par.pipeline_schedule == "interleaved":
         per_chunk = par.num_layers_per_virtual_pipeline_stage
         rules.append((pp > 1, "pipeline_schedule interleaved needs pipeline_model_parallel_size > 1"))
@@ -109,7 +109,29 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
             f"the number of micro-batches per step ({num_microbatches} = global_batch_size / (micro_batch_size x "
             f"data-parallel size {dp})) is not divisible by pipeline_model_parallel_size ({pp})")
     return ParallelDims(pp=pp, dp=dp, tp=tp, micro_batch_size=training.micro_batch_size,
-                        num_microbatches=num_microbatches)
+                        num_microbatches=num_microbatches, ep=ep)
+
+
+def _expert_rules(config: TrainConfig, dp: int, tp: int, ep: int) -> list[tuple[bool, str]]:
+    """Mixture-of-experts layout rules: ep divides the experts and the data-parallel size, and the layouts
+    expert parallelism does not combine with yet."""
+    moe = config.moe
+    if moe.num_experts is None:
+        return []
+    return [
+        (moe.num_experts % ep == 0,
+         f"num_experts ({moe.num_experts}) is not divisible by expert_model_parallel_size ({ep})"),
+        (dp % ep == 0, f"the data-parallel size ({dp}) is not divisible by expert_model_parallel_size ({ep})"),
+        (tp == 1, f"num_experts with tensor_model_parallel_size {tp} > 1 is not implemented yet"),
+        # fullgraph compilation cannot trace the routing's data-dependent sizes (tokens per expert).
+        (not config.training.compile, "num_experts with compile is not implemented yet"),
+        # Both shard the model with FSDP2 over dp, which would need its expert weights sharded over expert_dp.
+        (ep == 1 or not config.parallelism.use_distributed_optimizer,
+         f"expert_model_parallel_size ({ep}) > 1 with use_distributed_optimizer is not implemented yet"),
+        (ep == 1 or config.parallelism.pipeline_model_parallel_size == 1,
+         f"expert_model_parallel_size ({ep}) > 1 with pipeline_model_parallel_size "
+         f"({config.parallelism.pipeline_model_parallel_size}) > 1 is not implemented yet"),
+    ]
 
 
 def _resolve_accumulation(micro: int, dp: int, global_batch: int | None, accumulation: int | None) -> int:

@@ -1,26 +1,24 @@
-"""Pipeline parallelism: a manual stage split of the GPT and a `torch.distributed.pipelining` schedule.
+"""Pipeline parallelism for any model family: stage assignment, a `torch.distributed.pipelining` schedule
+and the tied-embedding group (the split of a model into stages is its family's, e.g.
+`trainer.models.gpt.pipeline.split_stage`).
 
 Stages are assigned loop-style (rank r holds stages r, r + pp, r + 2 pp, ...), which is what the
-interleaved schedule requires and reduces to one stage per rank otherwise. Each stage is a deep copy
-of the full model with the layers outside its range deleted and the embeddings (first stage only) or
-norm and head (last stage only) set to None; parameter names therefore stay those of the full model.
+interleaved schedule requires and reduces to one stage per rank otherwise.
 
-The output head is tied to the token embedding. Under pipelining the first and last stage each hold a
+When a model's output head is tied to its token embedding, the first and last stage each hold a
 copy; `tied_embedding_group` gives the process group that sums their gradients after backward (what
 Megatron does), so both copies receive identical updates.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
+from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
-
-from trainer.models.gpt.model import GPT
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved": ScheduleInterleaved1F1B}
 
@@ -30,22 +28,7 @@ def stage_ids_of_rank(pp_rank: int, pp: int, chunks_per_rank: int) -> list[int]:
     return [pp_rank + k * pp for k in range(chunks_per_rank)]
 
 
-def split_stage(model: GPT, stage_id: int, num_stages: int) -> GPT:
-    """A copy of ``model`` restricted to stage ``stage_id`` of ``num_stages`` equal layer ranges."""
-    stage = copy.deepcopy(model)
-    layers_per_stage = model.shape.num_layers // num_stages
-    keep = range(stage_id * layers_per_stage, (stage_id + 1) * layers_per_stage)
-    for name in list(stage.layers.keys()):
-        if int(name) not in keep:
-            del stage.layers[name]
-    if stage_id != 0:
-        stage.tok_embeddings = stage.pos_embeddings = stage.embedding_dropout = None
-    if stage_id != num_stages - 1:
-        stage.norm = stage.output = None
-    return stage
-
-
-def build_schedule(stage_modules: list[GPT], stage_ids: list[int], num_stages: int, pp_mesh: DeviceMesh,
+def build_schedule(stage_modules: list[nn.Module], stage_ids: list[int], num_stages: int, pp_mesh: DeviceMesh,
                    device: torch.device, num_microbatches: int, schedule_name: str,
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
     """The pipeline schedule that runs this rank's stages.

@@ -1,19 +1,21 @@
-"""`ParallelModel`: this rank's share of the GPT, parallelised, and its forward/backward over micro-batches.
+"""`ParallelModel`: this rank's share of a model of any family, parallelised, and its forward/backward over
+micro-batches.
 
 It hides the layout from the training loop: ``run(microbatches)`` returns the sum of this rank's
 micro-batch losses whether the model is one module, DDP, FSDP2, tensor-parallel or a pipeline stage.
-Parameter names are always full-model names, with the last pipeline stage's copy of the tied output
-weight named ``tok_embeddings.weight`` like the original, so optimiser state and checkpoints line up
-across layouts.
+What differs between families (building, splitting and sharding the model, the tensors a micro-batch
+feeds it, its tied weight) comes from the family's `trainer.models.spec.ParallelPlan`. Parameter names
+are always full-model names, with the last pipeline stage's copy of a tied output weight named like the
+embedding, so optimiser state and checkpoints line up across layouts.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Iterator
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
@@ -21,16 +23,22 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from trainer.checkpoint import copy_into_parameter
 from trainer.config import ParallelismConfig
-from trainer.data import IGNORE_INDEX, MicroBatch
-from trainer.models.gpt.fused_qkv import from_checkpoint, is_fused_name, to_checkpoint
+from trainer.data import MicroBatch
+from trainer.errors import TrainConfigError
 from trainer.grads import sync_tied_embedding_grad
-from trainer.models.gpt.model import GPT, GPTShape
+from trainer.keyed_dropout import sample_keys, set_tensor_parallel
+from trainer.models.spec import ParallelPlan, Shape
 from trainer.parallel_dims import ParallelDims
-from trainer.models.gpt.parallelize import apply_ac, apply_ddp, apply_fsdp, apply_tp
-from trainer.pipeline import build_schedule, split_stage, stage_ids_of_rank, tied_embedding_group
-
-TIED_WEIGHT_NAME = "tok_embeddings.weight"
-TIED_COPY_NAME = "output.weight"
+from trainer.parallelize import apply_ac, apply_compile, apply_ddp
+from trainer.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
+from trainer.auxiliary import (
+    auxiliary_modules,
+    metric_kinds,
+    pop_metrics,
+    reduce_metrics,
+    set_auxiliary_loss_scale,
+)
+from trainer.moe.parallel import apply_ep, ignore_expert_parameters, reduce_expert_grads
 
 
 def _full(loss: torch.Tensor) -> torch.Tensor:
@@ -38,116 +46,79 @@ def _full(loss: torch.Tensor) -> torch.Tensor:
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
-def apply_compile(blocks: list[nn.Module]) -> None:
-    """``torch.compile`` each block's forward in place (torchtitan's ``apply_compile``: per block, after
-    tensor parallelism and activation checkpointing, before FSDP).
-
-    Per block, not the whole model: the blocks share one code object, so dynamo compiles a block kind
-    once and reuses it for its siblings, and the embeddings, head and parallel wrappers stay eager. The
-    forward is replaced rather than the module wrapped (``torch.compile(module)``), so parameter names
-    (checkpoints, optimiser state) gain no ``_orig_mod.`` and the hooks FSDP2 registers on the block
-    later run eagerly around the compiled code, as they do around torchtitan's wrapper.
-    ``fullgraph=True``: a graph break inside a block is a bug to fix, not a silent slowdown.
-    """
-    for block in blocks:
-        block.forward = torch.compile(block.forward, fullgraph=True)
-
-
 class ParallelModel:
     """This rank's model chunks, their parallel wrappers and, under pipelining, the schedule.
 
-    Every rank builds the full model on the meta device, splits and shards it there, then allocates
-    its own share and fills it with that share of the full model's initial values drawn from ``seed``
-    (identical init in every layout, `_materialize`). The GPT is the default; another model
-    (`trainer.models.t5.runner.ParallelT5`) overrides the model hooks (``_build``, ``_num_layers``, ``_split``,
-    ``_apply_tp``, ``_apply_fsdp``, ``_tied_names``, ``_blocks``) and the batch hooks (``_forward``,
-    ``_first_stage_inputs``).
+    Every rank builds the full model on the meta device, splits and shards it there (the family's
+    ``plan``), then allocates its own share and fills it with that share of the full model's initial
+    values drawn from ``seed`` (identical init in every layout, `_materialize`).
+
+    Raises:
+        TrainConfigError: the family's plan cannot split or shard the model in this layout.
     """
 
-    def __init__(self, shape: GPTShape, dims: ParallelDims, mesh: DeviceMesh | None, parallelism: ParallelismConfig,
-                 device: torch.device, seed: int, checkpoint_activations: bool,
+    def __init__(self, plan: ParallelPlan, shape: Shape, dims: ParallelDims, mesh: DeviceMesh | None,
+                 parallelism: ParallelismConfig, device: torch.device, seed: int, checkpoint_activations: bool,
                  autocast_dtype: torch.dtype | None, compile_blocks: bool = False) -> None:
+        self.plan = plan
         self.shape = shape
+        self.tied_names = plan.tied_names(shape)
         self.dims = dims
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.loss_scale = 1.0
         with torch.device("meta"):
-            model = self._build()
+            model = plan.build(shape)
         pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
         self.uses_fsdp = dims.dp > 1 and (dims.tp > 1 or dims.pp > 1 or parallelism.use_distributed_optimizer)
         if dims.pp > 1:
             chunks = 1
             if parallelism.pipeline_schedule == "interleaved":
-                chunks = self._num_layers() // (parallelism.num_layers_per_virtual_pipeline_stage * dims.pp)
+                chunks = plan.num_layers(shape) // (parallelism.num_layers_per_virtual_pipeline_stage * dims.pp)
             num_stages = dims.pp * chunks
             stage_ids = stage_ids_of_rank(pp_rank, dims.pp, chunks)
-            self.parts = [self._split(model, stage_id, num_stages) for stage_id in stage_ids]
+            self.parts = [plan.split_stage(model, stage_id, num_stages) for stage_id in stage_ids]
             self.has_first_stage = stage_ids[0] == 0
             self.has_last_stage = stage_ids[-1] == num_stages - 1
         else:
             self.parts = [model]
             self.has_first_stage = self.has_last_stage = True
+        self.keyed_dropout, self.seed = parallelism.keyed_dropout, seed
+        if self.keyed_dropout and "dropout_keys" not in inspect.signature(model.forward).parameters:
+            raise TrainConfigError(f"keyed_dropout is not implemented for {type(model).__name__} models")
         for part in self.parts:
             if dims.tp > 1:
-                self._apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
+                plan.apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
+                set_tensor_parallel(part, mesh.get_local_rank("tp"), parallelism.sequence_parallel)
+            if dims.ep > 1:
+                apply_ep(part, mesh["ep"])
             if checkpoint_activations:
                 apply_ac(part)
             if compile_blocks:
-                apply_compile(self._blocks(part))
+                apply_compile(plan.blocks(part))
             if self.uses_fsdp:
-                self._apply_fsdp(part, mesh["dp"], reshard_after_forward=dims.pp == 1)
+                plan.apply_fsdp(part, mesh["dp"], dims.pp == 1)
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
         if dims.dp > 1 and not self.uses_fsdp:
+            if dims.ep > 1:  # expert weights are not replicated over dp: `reduce_expert_grads` averages them
+                ignore_expert_parameters(self.parts[0])
             self.forward_module = apply_ddp(self.parts[0], mesh["dp"])
         self.schedule = None
         self.tied_group = None
         if dims.pp > 1:
             self.schedule = build_schedule(self.parts, stage_ids, num_stages, mesh["pp"], device,
                                            dims.num_microbatches, parallelism.pipeline_schedule, self.loss_fn)
-            if self._tied_names() is not None:
+            if self.tied_names is not None:
                 self.tied_group = tied_embedding_group(mesh)
         self.pp_group = mesh.get_group("pp") if mesh is not None and dims.pp > 1 else None
         self._named = self._collect_named_parameters()
-
-    # -- model hooks ---------------------------------------------------------------------------------------
-
-    def _build(self) -> nn.Module:
-        """The full model, on the current default device."""
-        return GPT(self.shape)
-
-    def _num_layers(self) -> int:
-        """Blocks the pipeline stages divide."""
-        return self.shape.num_layers
-
-    def _split(self, model: nn.Module, stage_id: int, num_stages: int) -> nn.Module:
-        """Pipeline stage ``stage_id`` of ``num_stages`` of the full model."""
-        return split_stage(model, stage_id, num_stages)
-
-    def _apply_tp(self, part: nn.Module, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-        apply_tp(part, tp_mesh, sequence_parallel)
-
-    def _apply_fsdp(self, part: nn.Module, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
-        apply_fsdp(part, dp_mesh, reshard_after_forward=reshard_after_forward)
-
-    def _tied_names(self) -> tuple[str, str] | None:
-        """(embedding name, name of the last stage's copy) of the tied input/output weight; None if untied."""
-        return TIED_WEIGHT_NAME, TIED_COPY_NAME
-
-    def _blocks(self, part: nn.Module) -> list[nn.Module]:
-        """The transformer blocks of a part, each compiled on its own under ``compile_blocks``."""
-        return list(part.layers.values())
-
-    # -- batch hooks ---------------------------------------------------------------------------------------
-
-    def _forward(self, mb: MicroBatch) -> torch.Tensor:
-        """Logits of one micro-batch through the (unsplit) model."""
-        return self.forward_module(mb.tokens, mb.position_ids)
-
-    def _first_stage_inputs(self, microbatches: list[MicroBatch]) -> tuple[torch.Tensor, ...]:
-        """The first pipeline stage's inputs of a whole step, concatenated over the micro-batches."""
-        return torch.cat([mb.tokens for mb in microbatches]), torch.cat([mb.position_ids for mb in microbatches])
+        # Auxiliary losses (`trainer.auxiliary`): this rank's reporting modules; the metric names of the
+        # whole model, so that every rank (every pipeline stage) reduces the same vector.
+        self.auxiliary = auxiliary_modules(self.parts)
+        self.auxiliary_kinds = metric_kinds(auxiliary_modules([model]))
+        self.expert_dp_group = mesh.get_group("expert_dp") if dims.ep > 1 else None
+        self._auxiliary_forwards = 0
 
     # -- parameters ---------------------------------------------------------------------------------------
 
@@ -161,7 +132,7 @@ class ParallelModel:
     def _parameters_of_parts(self) -> Iterator[tuple[str, nn.Parameter]]:
         """(full-model name, parameter) of every part, a later stage's copy of the tied weight named
         like the original."""
-        tied = self._tied_names()
+        tied = self.tied_names
         for part in self.parts:
             own = dict(part.named_parameters())
             for name, param in own.items():
@@ -194,35 +165,34 @@ class ParallelModel:
 
     def checkpoint_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """``state`` (a run's checkpoint tensors: ``model.<name>``, ``optim.<name>.<key>``, ...) under the
-        names checkpoints hold, q, k and v apart (`trainer.models.gpt.fused_qkv.to_checkpoint`); ``state`` itself when
-        the model has no fused projection. Collective under tensor parallelism and FSDP2."""
-        if not any(is_fused_name(name) for name in state):
+        names checkpoints hold (the plan's ``to_checkpoint``, e.g. a fused q/k/v projection's tensors apart); ``state`` itself
+        when the run computes in the checkpoint's layout. Collective under tensor parallelism and FSDP2."""
+        if self.plan.to_checkpoint is None:
             return state
-        return to_checkpoint(state, self.shape.num_attention_heads)
+        return self.plan.to_checkpoint(state, self.shape)
 
     def restore_checkpoint_state(self, loaded: dict[str, torch.Tensor], state: dict[str, torch.Tensor]) -> None:
-        """After loading a checkpoint into ``loaded = checkpoint_state(state)``: fuse its q, k and v tensors
-        back into ``state`` (the parameters and optimiser state) in place. Collective as `checkpoint_state`."""
+        """After loading a checkpoint into ``loaded = checkpoint_state(state)``: bring it back into ``state``
+        (the parameters and optimiser state) in place. Collective as `checkpoint_state`."""
         if loaded is not state:
-            from_checkpoint(loaded, state, self.shape.num_attention_heads)
+            self.plan.from_checkpoint(loaded, state, self.shape)
 
     def norm_parameters(self) -> list[nn.Parameter]:
         """Parameters counted in the global gradient norm: the tied copy of a later stage is left out."""
-        tied = self._tied_names()
+        tied = self.tied_names
         if self.has_first_stage or tied is None:
             return [p for _, p in self.named_parameters()]
         return [p for name, p in self.named_parameters() if name != tied[0]]
 
     def _tied_parameter(self) -> nn.Parameter | None:
-        tied = self._tied_names()
+        tied = self.tied_names
         return dict(self._named).get(tied[0]) if tied is not None else None
 
     # -- forward / backward -------------------------------------------------------------------------------
 
-    def loss_fn(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean cross-entropy over the unmasked tokens of a micro-batch, times the fp16 loss scale."""
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
-        return loss * self.loss_scale
+    def loss_fn(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The family's loss of a micro-batch (`ParallelPlan.loss`), times the fp16 loss scale."""
+        return self.plan.loss(outputs, targets) * self.loss_scale
 
     @contextlib.contextmanager
     def _compute_context(self) -> Iterator[None]:
@@ -247,13 +217,33 @@ class ParallelModel:
             The sum of the unscaled micro-batch losses on this rank, and whether this rank holds
             losses at all (under pipelining only the last stage does).
         """
+        self._begin_auxiliary(len(microbatches))
         grad_context = contextlib.nullcontext() if train else torch.no_grad()
         with grad_context:
             if self.schedule is not None:
                 total = self._run_pipeline(microbatches, train)
             else:
                 total = self._run_local(microbatches, train)
+        if train and self.dims.ep > 1:
+            reduce_expert_grads([p for _, p in self._named], self.expert_dp_group, self.dims.dp)
         return total / self.loss_scale, self.has_last_stage
+
+    def _begin_auxiliary(self, num_microbatches: int) -> None:
+        """Scale the auxiliary losses' gradients as the micro-batch losses' are (the pipeline schedule divides
+        by the micro-batch count itself), and forget what an earlier run (an evaluation) recorded."""
+        scale = self.loss_scale if self.schedule is not None else self.loss_scale / num_microbatches
+        set_auxiliary_loss_scale(self.auxiliary, scale)
+        pop_metrics(self.auxiliary)
+        self._auxiliary_forwards = num_microbatches
+
+    def auxiliary_metrics(self) -> dict[str, float]:
+        """The auxiliary metrics of the last `run`, over all ranks (name -> value; empty for a model without
+        any). Collective when the model has some: every rank calls it."""
+        if not self.auxiliary_kinds:
+            return {}
+        # Each micro-batch passes every module once (the schedule's shape-inference pass is left out).
+        records = pop_metrics(self.auxiliary, self._auxiliary_forwards)
+        return reduce_metrics(records, self.auxiliary_kinds, self.device)
 
     def _run_local(self, microbatches: list[MicroBatch], train: bool) -> torch.Tensor:
         total = torch.zeros((), device=self.device)
@@ -261,18 +251,23 @@ class ParallelModel:
         for index, mb in enumerate(microbatches):
             last = index == count - 1
             with self._gradient_sync(enabled=last or not train), self._compute_context():
-                loss = self.loss_fn(self._forward(mb), mb.targets)
+                outputs = self.forward_module(*self.plan.model_inputs(mb), **self._dropout_kwargs([mb], train))
+                loss = self.loss_fn(outputs, mb.targets)
                 if train:
                     (loss / count).backward()
             total += _full(loss.detach())
         return total
 
     def _run_pipeline(self, microbatches: list[MicroBatch], train: bool) -> torch.Tensor:
-        args = self._first_stage_inputs(microbatches) if self.has_first_stage else ()
-        kwargs: dict = {}
+        args = ()
+        if self.has_first_stage:
+            # The schedule splits its inputs into the micro-batches again along dim 0.
+            args = tuple(torch.cat(tensors) for tensors in zip(*map(self.plan.model_inputs, microbatches)))
+        # Every stage's forward gets its micro-batch's keys: the schedule splits them like the inputs.
+        kwargs: dict = self._dropout_kwargs(microbatches, train)
         losses: list[torch.Tensor] = []
         if self.has_last_stage:
-            kwargs = {"target": torch.cat([mb.targets for mb in microbatches]), "losses": losses}
+            kwargs |= {"target": torch.cat([mb.targets for mb in microbatches]), "losses": losses}
         with self._compute_context():
             if train:
                 self.schedule.step(*args, return_outputs=False, **kwargs)
@@ -284,6 +279,23 @@ class ParallelModel:
         for loss in losses:
             total += _full(loss.detach())
         return total
+
+    def _dropout_kwargs(self, microbatches: list[MicroBatch], train: bool) -> dict[str, torch.Tensor]:
+        """The model's ``dropout_keys`` argument under keyed dropout (`trainer.keyed_dropout`): int64
+        [samples] keys of the micro-batches' samples, from the run's seed and their global sample ids.
+
+        Raises:
+            TrainConfigError: keyed dropout is on in training and a micro-batch has no sample ids.
+        """
+        if not self.keyed_dropout:
+            return {}
+        ids = [getattr(mb, "sample_ids", None) for mb in microbatches]
+        if any(sample_ids is None for sample_ids in ids):
+            if not train:
+                return {}  # evaluation drops nothing: the keys would go unused
+            raise TrainConfigError("keyed_dropout needs each micro-batch's sample ids (the family's collate gives "
+                                   "them from the items of trainer.data.step_batches)")
+        return {"dropout_keys": sample_keys(self.seed, torch.cat(ids))}
 
     def _gradient_sync(self, enabled: bool) -> contextlib.AbstractContextManager:
         """Skip the data-parallel gradient reduction on all but the last accumulation micro-batch."""

@@ -25,8 +25,12 @@ import torch
 import torch.distributed as dist
 
 from samplers.run_length import RunLength
+from trainer.auxiliary import MAX, MEAN
 from trainer.checkpoint import (
+    MODEL_CONFIG_FILE,
+    MODEL_PREFIX,
     check_load_path,
+    is_model_only_checkpoint,
     latest_iteration,
     load_checkpoint,
     save_checkpoint,
@@ -36,10 +40,11 @@ from trainer.config import TrainConfig
 from trainer.data import Prefetcher, explained_sample_counts, step_iterator
 from trainer.distributed import DistContext, init_distributed, resolve_device_type
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
-from trainer.hf_convert import MODEL_PREFIX, is_model_only_checkpoint
-from trainer.hf_files import copy_tokenizer_files
+from trainer.hf_files import copy_tokenizer_files, read_json
 from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops
 from trainer.models import model_spec
+from trainer.moe.settings import check_family_has_experts
+from trainer.runner import ParallelModel
 from trainer.optim import (
     ADAMW_KERNEL_OPTIONS,
     LossScaler,
@@ -58,6 +63,13 @@ METRICS_FILE_NAME = "metrics.jsonl"
 PIPELINE_SEED_STRIDE = 100
 
 
+def recorded_hf_model_type(root: str | Path, known: tuple[str, ...]) -> str | None:
+    """The HF ``model_type`` a checkpoint root's ``model_config.json`` records, if it is one of ``known``."""
+    path = Path(root) / MODEL_CONFIG_FILE
+    recorded = read_json(path).get("model_type") if path.is_file() else None
+    return recorded if recorded in known else None
+
+
 @dataclass(slots=True)
 class TrainResult:
     """What a run did (the same on every rank)."""
@@ -71,6 +83,9 @@ class TrainResult:
     """Global gradient norm of each step this call ran."""
     eval_losses: dict[str, float] = field(default_factory=dict)
     """Latest loss per evaluated split ("valid", "test")."""
+    auxiliary: list[dict[str, float]] = field(default_factory=list)
+    """The model's auxiliary metrics of each step this call ran (`trainer.auxiliary`; empty dicts for a model
+    without auxiliary losses)."""
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -106,16 +121,17 @@ class _Run:
         with explained_sample_counts(self.run_length, config.data.split):
             parts = self.spec.training_parts(config, self.dims.tp, self.run_length.sizes())
         self.vocabulary, self.shape, self.collate = parts.vocabulary, parts.shape, parts.collate
+        check_family_has_experts(config.moe.num_experts, self.shape, config.model.model)
         self.train_ds, self.valid_ds, self.test_ds = parts.datasets
         self.tokens_per_sample, self.flops_per_token = parts.tokens_per_sample, parts.flops_per_token
         self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
         coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
         self.dp_rank = coords["dp"]
         autocast = _autocast_dtype(config, ctx.device, ctx.rank)
-        self.model = self.spec.parallel_model(self.shape, self.dims, self.mesh, config.parallelism, ctx.device,
-                                              config.data.seed, config.training.checkpoint_activations, autocast,
-                                              compile_blocks=config.training.compile)
-        # The HF model type the checkpoints record (t5 or mt5, say), for `convert-checkpoint --to-hf`.
+        self.model = ParallelModel(self.spec.parallel_plan, self.shape, self.dims, self.mesh, config.parallelism,
+                                   ctx.device, config.data.seed, config.training.checkpoint_activations, autocast,
+                                   compile_blocks=config.training.compile)
+        # The HF model type the checkpoints record (of the family's several, say), for `convert-checkpoint --to-hf`.
         self.hf_model_type = self.spec.hf_model_types[0]
         if config.checkpoint.load_hf is not None:
             self.hf_model_type = self.spec.load_hf_weights(self.model.named_parameters(), config.checkpoint.load_hf,
@@ -169,13 +185,15 @@ class _Run:
 
     def _load(self) -> None:
         root = self.config.checkpoint.load
+        # Keep the HF variant the checkpoint records (an mT5 stays an mT5 when exported again).
+        self.hf_model_type = recorded_hf_model_type(root, self.spec.hf_model_types) or self.hf_model_type
         iteration = latest_iteration(root)
         if iteration is None:
             if self.ctx.rank == 0:  # every rank finds the same directory empty: say it once
                 logger.warning("no checkpoint in %s: training from scratch", root)
             return
         with torch.device("meta"):
-            # Checkpoints hold q, k and v apart whether or not this run fuses them (`trainer.models.gpt.fused_qkv`).
+            # The names checkpoints hold, whatever layout this run computes in (`ParallelPlan.to_checkpoint`).
             full_model = self.spec.checkpoint_model(self.shape)
             model_names = frozenset(f"model.{name}" for name, _ in full_model.named_parameters())
         verify = not self.config.checkpoint.no_verify
@@ -214,11 +232,12 @@ class _Run:
 
     # -- steps ------------------------------------------------------------------------------------------
 
-    def _step(self, microbatches) -> tuple[float, float]:
-        """One optimiser step; returns (mean loss, gradient norm)."""
+    def _step(self, microbatches) -> tuple[float, float, dict[str, float]]:
+        """One optimiser step; returns (mean loss, gradient norm, the model's auxiliary metrics)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.loss_scale = self.scaler.scale
         loss_sum, holds_loss = self.model.run(microbatches, train=True)
+        auxiliary = self.model.auxiliary_metrics()
         norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
         if math.isfinite(norm):
             factor = clip_factor(norm, self.config.optimizer.clip_grad)
@@ -231,7 +250,7 @@ class _Run:
                                self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
         loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
-        return loss, norm
+        return loss, norm, auxiliary
 
     def evaluate(self, dataset, split: str, first_sample: int = 0) -> float | None:
         """Mean loss over ``eval_iters`` global batches of ``dataset``, from sample ``first_sample`` on.
@@ -277,11 +296,12 @@ class _Run:
                 # step (overflow) the next step runs at the same learning rate.
                 lr = self.lr_schedule(self.iteration - self.skipped)
                 set_lr(self.optimizer, lr)
-                loss, norm = self._step(microbatches)
+                loss, norm, auxiliary = self._step(microbatches)
                 self.consumed_samples += gbs
                 result.losses.append(loss)
                 result.grad_norms.append(norm)
-                window.add(loss, norm, time.perf_counter() - start, data_time)
+                result.auxiliary.append(auxiliary)
+                window.add(loss, norm, time.perf_counter() - start, data_time, auxiliary)
                 if self.iteration % cfg.logging.log_interval == 0 or self.iteration == train_iters:
                     self.writer.train(self._stats(window, lr))
                     window = _Window()
@@ -315,7 +335,8 @@ class _Run:
             skipped_iterations=self.skipped, ms_per_iteration=1000 * seconds,
             data_ms_per_iteration=1000 * window.data_seconds / window.count, tokens_per_second=tokens_per_second,
             tflops_per_device=flops_per_device / 1e12,
-            mfu=flops_per_device / self.peak_flops if self.peak_flops else None)
+            mfu=flops_per_device / self.peak_flops if self.peak_flops else None,
+            auxiliary=window.auxiliary_values(self.model.auxiliary_kinds))
 
 
 def _autocast_dtype(config: TrainConfig, device: torch.device, rank: int) -> torch.dtype | None:
@@ -343,10 +364,22 @@ class _Window:
     grad_norm: float = 0.0
     seconds: float = 0.0
     data_seconds: float = 0.0
+    auxiliary: list[dict[str, float]] = field(default_factory=list)
 
-    def add(self, loss: float, grad_norm: float, seconds: float, data_seconds: float) -> None:
+    def add(self, loss: float, grad_norm: float, seconds: float, data_seconds: float,
+            auxiliary: dict[str, float]) -> None:
         self.count += 1
         self.loss += loss
         self.grad_norm += grad_norm
         self.seconds += seconds
         self.data_seconds += data_seconds
+        self.auxiliary.append(auxiliary)
+
+    def auxiliary_values(self, kinds: dict[str, str]) -> dict[str, float]:
+        """Each auxiliary metric over the window's steps: the mean of "mean" metrics, the extreme of the others."""
+        values: dict[str, float] = {}
+        for name, kind in kinds.items():
+            steps = [step[name] for step in self.auxiliary if name in step]
+            if steps:
+                values[name] = sum(steps) / len(steps) if kind == MEAN else max(steps) if kind == MAX else min(steps)
+        return values

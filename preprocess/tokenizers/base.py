@@ -8,7 +8,9 @@ array plus offsets, so no per-document Python work happens for the tokenizers th
 from __future__ import annotations
 
 import abc
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 import pyarrow as pa
@@ -69,6 +71,16 @@ class Tokenizer(abc.ABC):
     _eod: int | None = None
     eod_missing: str = "the tokenizer defines no end-of-document token (eod)"
     """Why there is no eod, and what to give for one: the message of `eod` when `_eod` is None."""
+    special_tokens: Mapping[str, int] = MappingProxyType({})
+    """The tokenizer's own special tokens, name -> id (`specials.with_special_tokens` reads and writes
+    them by name; `encode` itself follows Megatron, which may encode the names literally)."""
+    affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
+    """(prefix, suffix): the ids `encode` puts around every text (a BOS, [CLS] ... [SEP]); `encode_plain`
+    leaves them out."""
+
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of one text without `affixes` (a piece of a longer text)."""
+        return self.encode(text)
 
     @property
     def eod(self) -> int:

@@ -20,6 +20,9 @@ TOKENIZER_OPTIONS: dict[str, tuple[str, ...]] = {
 TOKENIZER_TYPES = tuple(TOKENIZER_OPTIONS)
 BERT_TOKENIZER_TYPES = ("BertWordPieceLowerCase", "BertWordPieceCase")
 _OPTION_FIELDS = ("vocab_file", "merge_file", "tokenizer_model", "vocab_size")
+TOKENIZER_FILE_FIELDS = ("tokenizer_type", "vocab_file", "merge_file", "tokenizer_model")
+"""The fields that name a tokenizer and its files: one unit (a model directory's tokenizer is used whole
+or not at all)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)

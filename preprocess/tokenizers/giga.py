@@ -93,9 +93,13 @@ class GigatokenTokenizer(Tokenizer):
         self.pad = pad
         self.prefix = tuple(prefix)
         self.suffix = tuple(suffix)
+        self.affixes = (self.prefix, self.suffix)
 
     def encode(self, text: str) -> list[int]:
         return [*self.prefix, *self.backend.encode(text).tolist(), *self.suffix]
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self.backend.encode(text).tolist()
 
     def decode(self, ids) -> str:
         return self.backend.decode(np.asarray(ids, dtype=np.uint32)).decode("utf-8", errors="replace")

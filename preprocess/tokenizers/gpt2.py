@@ -38,4 +38,6 @@ def build_gpt2_tokenizer(vocab_file: str, merge_file: str) -> GigatokenTokenizer
     eod = reference.token_to_id(END_OF_TEXT)
     if eod is None:
         raise TokenizerError(f"{vocab_file}: vocabulary has no {END_OF_TEXT} token")
-    return GigatokenTokenizer(gigatoken.Tokenizer(reference), reference.get_vocab_size(), eod)
+    tokenizer = GigatokenTokenizer(gigatoken.Tokenizer(reference), reference.get_vocab_size(), eod)
+    tokenizer.special_tokens = {END_OF_TEXT: eod}
+    return tokenizer

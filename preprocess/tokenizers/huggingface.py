@@ -24,7 +24,7 @@ from ..errors import TokenizerError
 from .base import RaggedTokens, Tokenizer
 from .files import require_file
 from .giga import GigatokenTokenizer, matches_reference
-from .wordpiece import encode_batch_hf
+from .wordpiece import added_special_tokens, encode_batch_hf
 
 logger = logging.getLogger(__name__)
 
@@ -102,9 +102,17 @@ class HFTokenizersTokenizer(Tokenizer):
         self._eod = eod
         self.pad = pad
         self.add_special_tokens = add_special_tokens
+        self.special_tokens = added_special_tokens(backend)
+        affixes = _special_affixes(backend) if add_special_tokens else ((), ())
+        # A post-processor that does more than wrap the text: pieces keep it (`encode_plain` = `encode`).
+        self._plain = affixes is not None or not add_special_tokens
+        self.affixes = affixes or ((), ())
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=not self._plain and self.add_special_tokens).ids
 
     def decode(self, ids) -> str:
         # Special tokens stay in the text, as in transformers' decode (and gigatoken's).
@@ -145,7 +153,7 @@ def build_huggingface_tokenizer(tokenizer_model: str, include_special_tokens: bo
     except Exception:  # gigatoken raises RuntimeError/ValueError for models it does not implement
         return fallback
     fast = GigatokenTokenizer(backend, fallback.vocab_size, eod, pad, *affixes)
-    fast.eod_missing = fallback.eod_missing
+    fast.eod_missing, fast.special_tokens = fallback.eod_missing, fallback.special_tokens
     plain = lambda text: reference.encode(text, add_special_tokens=False).ids  # noqa: E731
     return fast if matches_reference(backend, plain) else fallback
 

@@ -39,11 +39,20 @@ def _piece_or(model: sentencepiece.SentencePieceProcessor, piece_id: int, defaul
     return model.id_to_piece(piece_id) if 0 <= piece_id < model.get_piece_size() else default
 
 
+def special_pieces(model: sentencepiece.SentencePieceProcessor) -> dict[str, int]:
+    """Name -> id of a model's control (`<s>`, `</s>`, `<pad>`) and unknown pieces, which sentencepiece
+    decodes to nothing or " ⁇ " rather than to their names. (User-defined pieces need nothing: sentencepiece
+    itself encodes them from text and decodes them to their names.)"""
+    return {model.id_to_piece(i): i for i in range(model.get_piece_size())
+            if model.is_control(i) or model.is_unknown(i)}
+
+
 class SentencePieceBase(Tokenizer):
     """A SentencePiece model encoded by the sentencepiece library (multi-threaded batch encode)."""
 
     def __init__(self, model: sentencepiece.SentencePieceProcessor) -> None:
         self.model = model
+        self.special_tokens = special_pieces(model)
 
     def encode(self, text: str) -> list[int]:
         return self.model.encode_as_ids(text)
@@ -85,6 +94,7 @@ class MegatronSentencePieceTokenizer(SentencePieceBase):
         self._eod = specials["<EOD>"]
         self.vocab_size = len(vocab)
         self.specials = specials
+        self.special_tokens = {**self.special_tokens, **specials}
         self._inverse_specials = {i: piece for piece, i in specials.items()}
         # Leftmost match wins, ties go to the earlier-added piece: Megatron's `min(indices)` rule.
         self._special_pattern = re.compile("|".join(re.escape(piece) for piece in specials))
@@ -127,7 +137,10 @@ def build_sentencepiece_tokenizer(model_file: str, megatron_specials: bool) -> T
     backend = _gigatoken_backend(model_file)
     if backend is None or not matches_reference(backend, reference.encode):
         return reference
-    return GigatokenTokenizer(backend, reference.vocab_size, reference._eod, reference.pad)
+    fast = GigatokenTokenizer(backend, reference.vocab_size, reference._eod, reference.pad)
+    # What T5's sentinel convention reads (`preprocess.tokenizers.t5`), and the model's special pieces.
+    fast.model, fast.special_tokens = model, reference.special_tokens
+    return fast
 
 
 def _gigatoken_backend(model_file: str) -> gigatoken.Tokenizer | None:

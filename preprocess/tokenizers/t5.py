@@ -10,7 +10,11 @@ Sentinel ids (`<extra_id_k>`) follow the convention of the tokenizer's ecosystem
   and EOS are the model's own, and the decoder starts with the pad id;
 - Megatron's tokenizers with `vocab_extra_ids N` (SentencePieceTokenizer, BertWordPiece*): appended
   in order after the tokenizer's own and Megatron's added tokens; BertWordPiece also gets Megatron's
-  `[BOS]`/`[EOS]` (appended unless in the vocabulary), and the decoder starts with BOS.
+  `[BOS]`/`[EOS]` (appended unless in the vocabulary), and the decoder starts with BOS;
+- a Hugging Face tokenizer.json: its own `<extra_id_k>` tokens, else appended in order; its pad and eos.
+
+`t5_text_tokenizer` wraps the tokenizer so that prompts and generated ids read and write the sentinels
+and every special token by name (`<extra_id_0>` in a prompt is the sentinel's id, not pieces of it).
 
 It needs only a tokenizer, so both ``train --model t5`` and ``inspect-index`` use it.
 """
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from preprocess.errors import TokenizerError
 
 from .base import Tokenizer
+from .specials import SpecialTokenText, with_special_tokens
 
 SENTINEL_PIECE = "<extra_id_{}>"
 MEGATRON_BOS, MEGATRON_EOS = "[BOS]", "[EOS]"
@@ -38,6 +43,18 @@ class T5SpecialIds:
     decoder_start: int
     sentinels: tuple[int, ...]
     """Id of `<extra_id_k>` at position k."""
+    appended: tuple[tuple[str, int], ...] = ()
+    """(name, id) of the other tokens appended after the tokenizer's vocabulary (Megatron's [BOS]/[EOS])."""
+
+    def token_names(self) -> dict[str, int]:
+        """Name -> id of the sentinels and the other appended tokens."""
+        return {**dict(self.appended), **{SENTINEL_PIECE.format(k): i for k, i in enumerate(self.sentinels)}}
+
+
+def t5_text_tokenizer(tokenizer: Tokenizer, special: T5SpecialIds) -> SpecialTokenText:
+    """``tokenizer`` reading and writing T5's sentinels (`<extra_id_k>`) and every special token by name:
+    what prompts and generated ids of a T5 go through."""
+    return with_special_tokens(tokenizer, special.token_names())
 
 
 def _sentencepiece_ids(tokenizer: Tokenizer, vocab_extra_ids: int) -> T5SpecialIds:
@@ -86,12 +103,31 @@ def t5_special_ids(tokenizer: Tokenizer, tokenizer_type: str, vocab_extra_ids: i
     if tokenizer_type in ("BertWordPieceLowerCase", "BertWordPieceCase"):
         backend = tokenizer.backend
         next_id = tokenizer.vocab_size
-        ids = {}
+        ids, appended = {}, []
         for piece in (MEGATRON_BOS, MEGATRON_EOS):
             ids[piece] = backend.token_to_id(piece)
             if ids[piece] is None:
                 ids[piece], next_id = next_id, next_id + 1
+                appended.append((piece, ids[piece]))
         return T5SpecialIds(vocab_size=next_id + vocab_extra_ids, pad=tokenizer.pad, eos=ids[MEGATRON_EOS],
                             decoder_start=ids[MEGATRON_BOS],
-                            sentinels=tuple(next_id + k for k in range(vocab_extra_ids)))
-    raise TokenizerError(f"T5 needs a SentencePiece or WordPiece tokenizer, not {tokenizer_type}")
+                            sentinels=tuple(next_id + k for k in range(vocab_extra_ids)), appended=tuple(appended))
+    if tokenizer_type == "HuggingFaceTokenizer":
+        return _huggingface_ids(tokenizer, vocab_extra_ids)
+    raise TokenizerError(f"T5 needs a SentencePiece or WordPiece tokenizer (or a Hugging Face tokenizer.json), not {tokenizer_type}")
+
+
+def _huggingface_ids(tokenizer: Tokenizer, vocab_extra_ids: int) -> T5SpecialIds:
+    """A tokenizer.json's own `<extra_id_k>` tokens (T5TokenizerFast writes them), else sentinels appended
+    in order; pad and EOS are the tokenizer's, and the decoder starts with pad (Hugging Face's T5)."""
+    if tokenizer.pad is None:
+        raise TokenizerError("T5 needs a tokenizer with a pad token (pad_token in tokenizer_config.json)")
+    own = tokenizer.special_tokens
+    count = sum(1 for name in own if name.startswith("<extra_id_"))
+    if count:
+        sentinels, size = tuple(own[SENTINEL_PIECE.format(k)] for k in range(count)), tokenizer.vocab_size
+    else:
+        sentinels = tuple(tokenizer.vocab_size + k for k in range(vocab_extra_ids))
+        size = tokenizer.vocab_size + vocab_extra_ids
+    return T5SpecialIds(vocab_size=size, pad=tokenizer.pad, eos=tokenizer.eod, decoder_start=tokenizer.pad,
+                        sentinels=sentinels)

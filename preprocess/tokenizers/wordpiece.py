@@ -30,12 +30,23 @@ class WordPieceTokenizer(Tokenizer):
         self._eod = self.backend.token_to_id("[SEP]")
         self.pad = self.backend.token_to_id("[PAD]")
         self.add_special_tokens = add_special_tokens
+        self.special_tokens = added_special_tokens(self.backend)
+        wrap = ((self.backend.token_to_id("[CLS]"),), (self._eod,))
+        self.affixes = wrap if add_special_tokens else ((), ())
 
     def encode(self, text: str) -> list[int]:
         return self.backend.encode(text, add_special_tokens=self.add_special_tokens).ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        return self.backend.encode(text, add_special_tokens=False).ids
+
     def decode(self, ids) -> str:
         return self.backend.decode(np.asarray(ids).tolist())
+
+
+def added_special_tokens(backend) -> dict[str, int]:
+    """Name -> id of the special added tokens of a Hugging Face `tokenizers` object ([CLS], </s>, ...)."""
+    return {token.content: token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special}
 
     def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
         return encode_batch_hf(self.backend, texts, add_special_tokens=self.add_special_tokens)

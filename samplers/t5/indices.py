@@ -136,7 +136,7 @@ def shuffle_rows(index, seed):
 
 @numba.njit(cache=True, nogil=True)
 def walk_t5_samples(document_indices, sequence_lengths, doc_begin, doc_end, num_samples, max_seq_length,
-                    short_ratio, seed, out):
+                    short_ratio, seed, out, min_sentences=MIN_SENTENCES_PER_SAMPLE):
     """Walk the documents of a split epoch after epoch; count samples, and fill `out` if it has rows.
 
     Args:
@@ -148,6 +148,8 @@ def walk_t5_samples(document_indices, sequence_lengths, doc_begin, doc_end, num_
         short_ratio: `short_sequence_ratio(short_seq_prob)`.
         seed: seed of the target-length generator.
         out: int64 [n, 3] filled in walk order when n equals the count; pass [0, 3] to only count.
+        min_sentences: helpers.cpp's ``min_num_sent``: documents with fewer sentences are skipped, and a
+            sample closes early only once it holds this many (T5: 1; BERT with its binary head: 2).
 
     Returns:
         (number of samples, number of epochs walked).
@@ -167,7 +169,7 @@ def walk_t5_samples(document_indices, sequence_lengths, doc_begin, doc_end, num_
             first = document_indices[doc]
             last = document_indices[doc + 1]
             remaining = last - first
-            if remaining < MIN_SENTENCES_PER_SAMPLE:
+            if remaining < min_sentences:
                 continue
             if remaining > 1:
                 long_sentence = False
@@ -186,7 +188,7 @@ def walk_t5_samples(document_indices, sequence_lengths, doc_begin, doc_end, num_
                 num_sentences += 1
                 remaining -= 1
                 # helpers.cpp closes a sample early only if more than one sentence remains.
-                if (num_tokens >= target and remaining > 1 and num_sentences >= MIN_SENTENCES_PER_SAMPLE) \
+                if (num_tokens >= target and remaining > 1 and num_sentences >= min_sentences) \
                         or remaining == 0:
                     if fill:
                         out[count, 0] = start
@@ -211,6 +213,7 @@ def build_t5_sample_index(
     max_seq_length: int,
     short_seq_prob: float,
     seed: int,
+    min_sentences: int = MIN_SENTENCES_PER_SAMPLE,
 ) -> np.ndarray:
     """The shuffled sample index of one split.
 
@@ -222,6 +225,7 @@ def build_t5_sample_index(
         max_seq_length: target tokens per sample (>= 2).
         short_seq_prob: probability of a shorter random target length.
         seed: random seed.
+        min_sentences: fewest sentences of a sample (helpers.cpp's ``min_num_sent``; BERT's binary head: 2).
 
     Returns:
         int64 [n, 3]: first sentence id, end sentence id (exclusive), target length; shuffled.
@@ -231,10 +235,11 @@ def build_t5_sample_index(
     wanted = -1 if num_samples is None else int(num_samples)
     ratio = short_sequence_ratio(short_seq_prob)
     count, _ = walk_t5_samples(document_indices, sequence_lengths, begin, end, wanted, max_seq_length, ratio, seed,
-                               np.empty((0, SAMPLE_INDEX_COLUMNS), np.int64))
+                               np.empty((0, SAMPLE_INDEX_COLUMNS), np.int64), min_sentences)
     index = np.empty((count, SAMPLE_INDEX_COLUMNS), np.int64)
     if count:
-        walk_t5_samples(document_indices, sequence_lengths, begin, end, wanted, max_seq_length, ratio, seed, index)
+        walk_t5_samples(document_indices, sequence_lengths, begin, end, wanted, max_seq_length, ratio, seed, index,
+                        min_sentences)
     shuffle_rows(index, seed)
     return index
 
@@ -247,6 +252,7 @@ def t5_walk_reference(
     max_seq_length: int,
     short_seq_prob: float,
     seed: int,
+    min_sentences: int = MIN_SENTENCES_PER_SAMPLE,
 ) -> np.ndarray:
     """Plain-Python twin of the walk (the tests' oracle), before the shuffle: `build_t5_sample_index`
     equals `shuffle_rows(t5_walk_reference(...), seed)`.
@@ -271,12 +277,13 @@ def t5_walk_reference(
         for doc in range(*document_range):
             first, last = int(document_indices[doc]), int(document_indices[doc + 1])
             lengths = [int(n) for n in sequence_lengths[first:last]]
-            if not lengths or (len(lengths) > 1 and max(lengths) > LONG_SENTENCE_LEN):
+            if len(lengths) < min_sentences or (len(lengths) > 1 and max(lengths) > LONG_SENTENCE_LEN):
                 continue
             start, goal = first, target()
             for sentence in range(first, last):
                 tokens = sum(lengths[start - first : sentence - first + 1])
-                if (tokens >= goal and last - sentence - 1 > 1) or sentence == last - 1:
+                enough = sentence - start + 1 >= min_sentences
+                if (tokens >= goal and last - sentence - 1 > 1 and enough) or sentence == last - 1:
                     rows.append((start, sentence + 1, goal))
                     start, goal = sentence + 1, target()
         epoch += 1

@@ -102,12 +102,14 @@ def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
     steps on random tokens in a tp x pp layout with the trainer's ParallelModel, save the model (DCP)."""
     from trainer.checkpoint import load_checkpoint, save_checkpoint
     from trainer.config import OptimizerConfig, ParallelismConfig
-    from trainer.data import MicroBatch
-    from trainer.hf_convert import MODEL_PREFIX, checkpoint_model, load_hf_weights
+    from trainer.models.gpt.data import GPTMicroBatch
+    from trainer.checkpoint import MODEL_PREFIX
+    from trainer.models.gpt.convert import checkpoint_model, load_hf_weights
     from trainer.hf_files import is_hf_directory, read_hf_config
     from trainer.models.gpt.hf import shape_from_hf_config
     from trainer.optim import build_optimizer
     from trainer.parallel_dims import ParallelDims, pad_vocab_size
+    from trainer.models.gpt.spec import PLAN
     from trainer.runner import ParallelModel
 
     if is_hf_directory(source):
@@ -118,7 +120,7 @@ def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
         shape, vocab = model_info.shape, model_info.vocab_size
     shape = dataclasses.replace(shape, hidden_dropout=0.0, attention_dropout=0.0)
     dims = ParallelDims(pp=pp, dp=dist.get_world_size() // (tp * pp), tp=tp, micro_batch_size=2, num_microbatches=2)
-    model = ParallelModel(shape, dims, dims.build_mesh("cpu"),
+    model = ParallelModel(PLAN, shape, dims, dims.build_mesh("cpu"),
                           ParallelismConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp),
                           torch.device("cpu"), seed=0, checkpoint_activations=False, autocast_dtype=None)
     if is_hf_directory(source):
@@ -133,7 +135,7 @@ def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
         for _ in range(dims.num_microbatches):
             tokens = torch.randint(0, vocab, (2, 17), generator=generator)
             positions = torch.arange(16).expand(2, 16)
-            batches.append(MicroBatch(tokens=tokens[:, :-1], position_ids=positions, targets=tokens[:, 1:]))
+            batches.append(GPTMicroBatch(tokens=tokens[:, :-1], position_ids=positions, targets=tokens[:, 1:]))
         optimizer.zero_grad(set_to_none=True)
         model.run(batches, train=True)
         optimizer.step()

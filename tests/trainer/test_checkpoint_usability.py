@@ -20,7 +20,7 @@ from trainer_testing import argv_for, tiny_config
 from trainer.checkpoint import LATEST_FILE
 from trainer.cli import main as train_main
 from trainer.convert_cli import main as convert_main
-from trainer.hf_convert import checkpoint_model
+from trainer.models.gpt.convert import checkpoint_model
 
 GPT2_VOCAB = 50257
 STEPS = 2

@@ -25,6 +25,7 @@ from trainer.config import OptimizerConfig, ParallelismConfig
 from trainer.models.gpt.model import GPTShape
 from trainer.optim import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
 from trainer.parallel_dims import ParallelDims
+from trainer.models.gpt.spec import PLAN as GPT_PLAN
 from trainer.runner import ParallelModel
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,7 @@ def test_compile_keeps_parameter_names_and_wraps_each_block():
     shape = GPTShape(num_layers=2, hidden_size=32, num_attention_heads=2, ffn_hidden_size=64,
                      max_position_embeddings=8, padded_vocab_size=64)
     dims = ParallelDims(pp=1, dp=1, tp=1, micro_batch_size=1, num_microbatches=1)
-    args = (shape, dims, None, ParallelismConfig(), torch.device("cpu"), 0, False, None)
+    args = (GPT_PLAN, shape, dims, None, ParallelismConfig(), torch.device("cpu"), 0, False, None)
     eager, compiled_model = ParallelModel(*args), ParallelModel(*args, compile_blocks=True)
     assert [n for n, _ in compiled_model.named_parameters()] == [n for n, _ in eager.named_parameters()]
     # Building compiles nothing yet (torch.compile is lazy): the forwards are only wrapped.

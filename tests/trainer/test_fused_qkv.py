@@ -16,7 +16,7 @@ from trainer.cli import main
 from trainer.cli_args import build_parser, config_from_args
 from trainer.convert_cli import main as convert_checkpoint
 from trainer.models.gpt.fused_qkv import fuse_qkv, fuse_state, split_qkv
-from trainer.hf_convert import checkpoint_model, load_hf_weights, read_checkpoint_state
+from trainer.models.gpt.convert import checkpoint_model, load_hf_weights, read_checkpoint_state
 from trainer.models.gpt.model import GPT, GPTShape
 
 HALF = TINY_STEPS // 2

@@ -43,7 +43,7 @@ def test_batching_does_not_change_greedy_output(tiny_hf):
 
 
 def test_checkpoint_and_hf_directory_generate_the_same(tiny_hf, tmp_path):
-    from trainer.hf_convert import import_hf_checkpoint
+    from trainer.models.gpt.convert import import_hf_checkpoint
 
     import_hf_checkpoint(tiny_hf, tmp_path / "ckpt")
     prompts = prompt_batch((5, 2))
@@ -124,7 +124,7 @@ def test_cli_errors_are_one_line(tiny_hf, capsys, argv, message):
 
 
 def test_kv_cache_decoding_gives_the_full_forward_logits_of_each_row():
-    from trainer.generate import left_pad
+    from trainer.models.gpt.generate import left_pad
     from trainer.generation.kv_cache import KVCache
     from trainer.models.gpt.model import GPT, GPTShape
 

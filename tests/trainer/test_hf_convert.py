@@ -9,7 +9,7 @@ import torch
 from hf_testing import LOGIT_TOLERANCE, TINY_VOCAB, hf_model, make_tiny_hf, prompt_batch
 
 from trainer.convert_cli import main
-from trainer.hf_convert import (
+from trainer.models.gpt.convert import (
     checkpoint_model,
     export_hf_checkpoint,
     import_hf_checkpoint,

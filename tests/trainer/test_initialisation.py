@@ -6,6 +6,7 @@ seed. So no rank ever holds the whole model, and tensor, pipeline and sharded da
 begin exactly where the single-process run begins.
 """
 
+import dataclasses
 import hashlib
 
 import pytest
@@ -15,6 +16,7 @@ from torch.distributed.tensor import DTensor
 from trainer_testing import TINY_VOCAB, tiny_config
 
 from trainer.parallel_dims import resolve_parallel_dims
+from trainer.models.gpt.spec import PLAN as GPT_PLAN
 from trainer.runner import ParallelModel
 from trainer.models.gpt.training import model_shape
 
@@ -29,7 +31,7 @@ def initial_digests(prefix: str, cache: str, layout: dict) -> dict[str, list[str
     world_size = dist.get_world_size() if dist.is_initialized() else 1
     dims = resolve_parallel_dims(config, world_size)
     mesh = dims.build_mesh(device_type="cpu") if world_size > 1 else None
-    model = ParallelModel(model_shape(config, TINY_VOCAB, dims.tp), dims, mesh, config.parallelism,
+    model = ParallelModel(GPT_PLAN, model_shape(config, TINY_VOCAB, dims.tp), dims, mesh, config.parallelism,
                           torch.device("cpu"), config.data.seed, checkpoint_activations=False, autocast_dtype=None)
     digests: dict[str, list[str]] = {}
     for name, param in model.named_parameters():
@@ -55,15 +57,14 @@ def test_every_layout_starts_from_the_single_process_weights(tiny_prefix, cache_
 def test_the_full_model_is_built_on_the_meta_device(tiny_prefix, cache_dir, monkeypatch):
     config = tiny_config(tiny_prefix, cache_dir)
     devices_at_build = []
-    original = ParallelModel._build
 
-    def recording_build(self):
-        model = original(self)
+    def recording_build(shape):
+        model = GPT_PLAN.build(shape)
         devices_at_build.append({p.device.type for p in model.parameters()})
         return model
 
-    monkeypatch.setattr(ParallelModel, "_build", recording_build)
-    model = ParallelModel(model_shape(config, TINY_VOCAB, 1), resolve_parallel_dims(config, 1), None,
+    plan = dataclasses.replace(GPT_PLAN, build=recording_build)
+    model = ParallelModel(plan, model_shape(config, TINY_VOCAB, 1), resolve_parallel_dims(config, 1), None,
                           config.parallelism, torch.device("cpu"), config.data.seed, checkpoint_activations=False,
                           autocast_dtype=None)
     assert devices_at_build == [{"meta"}]

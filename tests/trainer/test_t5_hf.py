@@ -182,12 +182,34 @@ def test_generate_command_on_a_t5_directory_matches_hf_greedy(tmp_path, variant,
         assert record["prompt"] == prompt and record["ids"] == expected
 
 
-def test_generate_command_refuses_a_t5_directory_on_several_processes(tmp_path, capsys):
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_generate_command_runs_a_t5_directory_on_several_processes(tmp_path, capsys):
+    """Two tensor-parallel processes give transformers' greedy tokens; a layout the model does not divide
+    into is refused with one line before any process starts."""
+    import json
+
+    from process_testing import free_port
+
     from trainer.generate_cli import main
 
     directory = make_hf(tmp_path / "t5", "t5")
-    assert main(["--load", str(directory), "--prompt-ids", "5 6", "--nproc-per-node", "2"]) == 2
-    assert "t5 generation runs in one process" in capsys.readouterr().err
+    prompt = [5, 6, 7, 8]
+    common = ["--load", str(directory), "--prompt-ids", " ".join(map(str, prompt)), "--greedy", "--json",
+              "--max-new-tokens", "6", "--device", "cpu", "--nproc-per-node", "2", "--master-port", str(free_port())]
+    assert main([*common, "--tensor-model-parallel-size", "2"]) == 0
+    [record] = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    with torch.no_grad():
+        expected = hf_model(directory, "t5").generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=6,
+                                                      decoder_start_token_id=PAD, use_cache=False)[0, 1:].tolist()
+    assert record["ids"] == expected
+
+    capsys.readouterr()  # transformers' loading progress
+    # TINY has 2 encoder + 3 decoder layers: two pipeline stages cannot split them.
+    assert main([*common, "--pipeline-model-parallel-size", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err == ("generate: error: encoder + decoder layers 2 + 3 (5) is not divisible by "
+                   "--pipeline-model-parallel-size (2)\n")
 
 
 @pytest.mark.parametrize("variant", ["t5", "mt5"])

@@ -1,7 +1,7 @@
 """T5 under tensor, pipeline and data parallelism follows the single-process loss curve (CPU, gloo).
 
 One 2-process launch runs every layout in turn (process start-up dominates on CPU); each layout
-trains the same tiny T5 with the trainer's `ParallelT5` from the same seed on the same
+trains the same tiny T5 with the trainer's `ParallelModel` (T5's plan) from the same seed on the same
 span-corruption batches for STEPS AdamW steps, and its per-step losses must match a single-process
 run within LOSS_TOLERANCE. Both the tied, scaled v1.0 variant and the untied gated-GELU mT5 variant run.
 """
@@ -24,7 +24,8 @@ from trainer.parallel_dims import ParallelDims
 from trainer.models.t5.data import collate_t5
 from trainer.models.t5.model import T5Shape
 from trainer.models.t5.pipeline import t5_stage_layers
-from trainer.models.t5.runner import ParallelT5
+from trainer.models.t5.spec import PLAN as T5_PLAN
+from trainer.runner import ParallelModel
 
 STEPS = 10
 LOSS_TOLERANCE = 1e-4
@@ -62,13 +63,13 @@ def split_micro(items):
 
 def run_parallel_t5(variant: dict, batches, layers: tuple[int, int] = (2, 2), pp: int = 1, dp: int = 1, tp: int = 1,
                     **parallelism) -> list[float]:
-    """The trainer's way: `ParallelT5` on a (pp, dp, tp) mesh, `run` per step, the logged mean loss."""
+    """The trainer's way: `ParallelModel` with T5's plan on a (pp, dp, tp) mesh, `run` per step, the logged mean loss."""
     dims = ParallelDims(pp=pp, dp=dp, tp=tp, micro_batch_size=MICRO_BATCH,
                         num_microbatches=NUM_MICROBATCHES * MICRO_BATCH // (MICRO_BATCH * dp))
     mesh = dims.build_mesh("cpu") if dims.world_size > 1 else None
     config = ParallelismConfig(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, **parallelism)
-    model = ParallelT5(tiny_shape(variant, layers), dims, mesh, config, torch.device("cpu"), seed=0,
-                       checkpoint_activations=False, autocast_dtype=None)
+    model = ParallelModel(T5_PLAN, tiny_shape(variant, layers), dims, mesh, config, torch.device("cpu"), seed=0,
+                          checkpoint_activations=False, autocast_dtype=None)
     optimizer = build_optimizer(model.named_parameters(), OptimizerConfig(lr=3e-3, weight_decay=0.0), foreach=False)
     dp_rank = mesh.get_local_rank("dp") if mesh is not None else 0
     model.set_train(True)

@@ -12,7 +12,8 @@ from trainer_testing import TINY_VOCAB, tiny_config
 from indexed_dataset import convert
 from samplers.sources import TokenSource
 from trainer.config import DataConfig
-from trainer.data import Vocabulary, build_datasets, check_data_files, step_iterator
+from trainer.data import Vocabulary, check_data_files, step_iterator
+from trainer.models.gpt.data import build_datasets, collate
 from trainer.errors import TrainConfigError
 from trainer.train import train
 
@@ -34,8 +35,8 @@ def batches(path: str, cache: str, split: str = "98,1,1") -> list:
     """The first training steps' micro-batches `train` builds from `path` (all three splits built)."""
     data = DataConfig(dataset=[path], split=split, data_cache_path=cache)
     train_ds, valid_ds, _ = build_datasets(data, 32, Vocabulary(TINY_VOCAB, None, None), (STEPS * 8, 16, 8))
-    steps = step_iterator(train_ds, 0, MICRO_BATCH, MICRO_BATCHES, 0, 1, TINY_VOCAB)
-    valid = step_iterator(valid_ds, 0, MICRO_BATCH, MICRO_BATCHES, 0, 1, TINY_VOCAB)
+    steps = step_iterator(train_ds, 0, MICRO_BATCH, MICRO_BATCHES, 0, 1, TINY_VOCAB, collate)
+    valid = step_iterator(valid_ds, 0, MICRO_BATCH, MICRO_BATCHES, 0, 1, TINY_VOCAB, collate)
     return [mb for _, step in zip(range(STEPS), steps) for mb in step] + next(valid)
 
 

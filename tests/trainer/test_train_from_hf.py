@@ -18,8 +18,9 @@ from trainer_testing import run_in_processes, tiny_config
 
 from trainer.cli import main as train_main
 from trainer.convert_cli import main as convert_main
-from trainer.data import IGNORE_INDEX, Vocabulary, build_datasets, step_iterator
-from trainer.hf_convert import checkpoint_model, hf_train_defaults, read_checkpoint_state
+from trainer.data import IGNORE_INDEX, Vocabulary, step_iterator
+from trainer.models.gpt.data import build_datasets, collate
+from trainer.models.gpt.convert import checkpoint_model, hf_train_defaults, read_checkpoint_state
 from trainer.hf_files import read_hf_weights
 from trainer.train import train
 
@@ -55,7 +56,7 @@ def hf_first_step_loss(config, hf_dir, padded_vocab_size: int) -> float:
     train_ds, _, _ = build_datasets(config.data, config.model.seq_length, vocabulary,
                                     (STEPS * global_batch, 0, 0))
     micro = config.training.micro_batch_size
-    microbatches = next(step_iterator(train_ds, 0, micro, global_batch // micro, 0, 1, vocabulary.size))
+    microbatches = next(step_iterator(train_ds, 0, micro, global_batch // micro, 0, 1, vocabulary.size, collate))
     model = hf_model(hf_dir)
     losses = []
     with torch.no_grad():

@@ -61,7 +61,8 @@ def test_the_shape_defaults_come_from_the_directory(hf_t5):
     defaults = t5_train_defaults(hf_t5)
     assert defaults["model"]["model"] == "t5" and defaults["model"]["hidden_size"] == 32
     assert defaults["t5"] == {"kv_channels": 8, "decoder_num_layers": 2, "feed_forward_proj": "relu",
-                              "untie_embeddings_and_output_weights": False, "relative_attention_num_buckets": BUCKETS,
+                              "untie_embeddings_and_output_weights": False, "scale_decoder_outputs": True,
+                              "relative_attention_num_buckets": BUCKETS,
                               "relative_attention_max_distance": MAX_DISTANCE}
 
 

@@ -12,7 +12,7 @@ import os
 from trainer.errors import TrainConfigError
 
 # Family name -> the module whose ``SPEC`` describes it.
-FAMILIES = {"gpt": "trainer.models.gpt.spec", "t5": "trainer.models.t5.spec"}
+FAMILIES = {"gpt": "trainer.models.gpt.spec", "t5": "trainer.models.t5.spec", "bert": "trainer.models.bert.spec"}
 DEFAULT_FAMILY = "gpt"
 
 

@@ -2,8 +2,8 @@
 asks a model family. One spec per family, registered by name in `trainer.models`; the core never tests
 a family's name.
 
-Adding a family is adding a folder `trainer/models/<name>/` whose `__init__.py` holds its `SPEC`, and one
-line in `trainer.models.SPECS`.
+Adding a family is adding a folder `trainer/models/<name>/` whose `spec.py` holds its `SPEC`, and one
+line in `trainer.models.FAMILIES`.
 """
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.config import TrainConfig
-from trainer.data import MicroBatch, Vocabulary
-from trainer.runner import ParallelModel
+from trainer.data import MicroBatch, Vocabulary, token_cross_entropy
 
 if TYPE_CHECKING:  # annotations only: these modules ask the registry, which imports the specs
     from trainer.generate import Completion, GenerateConfig
@@ -44,6 +45,56 @@ class TrainingParts:
     """Training FLOPs per position (for TFLOP/s and MFU)."""
 
 
+@dataclass(frozen=True, slots=True)
+class FamilyLayout:
+    """A family's own layout rules for a run (`trainer.parallel_dims.resolve_parallel_dims` adds the shared ones)."""
+
+    rules: list[tuple[bool, str]]
+    """(holds, the one-line message when it does not) for each rule, checked in order."""
+    num_layers: int
+    """Blocks the pipeline stages divide."""
+    layers_name: str
+    """How a message names them (the flags that set them, with their values)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ParallelPlan:
+    """How `trainer.runner.ParallelModel` builds, splits, shards and feeds a family's model.
+
+    The module ``build`` returns (and every stage ``split_stage`` makes of it) keeps full-model parameter
+    names, and has ``init_parameter(name, tensor)`` (the family's initialisation of one full-size
+    parameter), ``tie_weights()`` (re-tie after allocation; a no-op for untied models) and a
+    ``checkpoint_activations`` attribute its forward honours.
+    """
+
+    build: Callable[[Shape], nn.Module]
+    """The full model, on the current default device (the runner builds it on ``meta``)."""
+    num_layers: Callable[[Shape], int]
+    """Blocks the pipeline stages divide."""
+    split_stage: Callable[[nn.Module, int, int], nn.Module]
+    """(full model, stage id, number of stages) -> that pipeline stage.
+    Raises `trainer.errors.TrainConfigError` when the layers do not divide."""
+    apply_tp: Callable[[nn.Module, DeviceMesh, bool], None]
+    """(part, tp mesh, sequence parallel): shard a part in place. Raises `TrainConfigError` for a size that
+    does not divide or a mode the family lacks."""
+    apply_fsdp: Callable[[nn.Module, DeviceMesh, bool], None]
+    """(part, dp mesh, reshard after forward): FSDP2 units of a part."""
+    blocks: Callable[[nn.Module], list[nn.Module]]
+    """A part's transformer blocks (compiled one by one under ``--compile``)."""
+    tied_names: Callable[[Shape], tuple[str, str] | None]
+    """(embedding name, name of the last pipeline stage's copy) of a tied input/output weight; None if untied."""
+    model_inputs: Callable[[MicroBatch], tuple[torch.Tensor, ...]]
+    """The tensors a micro-batch feeds the model (the first pipeline stage), in ``forward``'s order."""
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy
+    """(the last stage's outputs, the micro-batch's ``targets``) -> the mean loss of the micro-batch, a
+    scalar (under tensor parallelism computed inside ``loss_parallel``)."""
+    to_checkpoint: Callable[[dict[str, torch.Tensor], Shape], dict[str, torch.Tensor]] | None = None
+    """A run's state under the names checkpoints hold, for a model that computes in another layout
+    (GPT's fused q/k/v); None: the run's names are the checkpoint's."""
+    from_checkpoint: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor], Shape], None] | None = None
+    """The inverse of ``to_checkpoint``: (loaded, state, shape) fills ``state`` in place."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     """A model family, as the core sees it."""
@@ -54,9 +105,10 @@ class ModelSpec:
     """The ``model_type`` values of the Hugging Face ``config.json`` files it imports."""
     training_parts: Callable[[TrainConfig, int, tuple[int, int, int]], TrainingParts]
     """(config, tensor-parallel size, samples per split) -> the run's vocabulary, shape, data and costs."""
-    parallel_model: Callable[..., ParallelModel]
-    """`ParallelModel`'s constructor for this family: (shape, dims, mesh, parallelism, device, seed,
-    checkpoint_activations, autocast_dtype, compile_blocks=False)."""
+    layout_rules: Callable[[TrainConfig, int], FamilyLayout]
+    """(config, tensor-parallel size) -> the family's layout rules, checked before any collective."""
+    parallel_plan: ParallelPlan
+    """How the generic `trainer.runner.ParallelModel` builds, parallelises and feeds the model."""
     checkpoint_model: Callable[[Shape], nn.Module]
     """The full model on the meta device, with the parameter names checkpoints hold."""
     vocab_rows: tuple[str, ...]
@@ -75,5 +127,7 @@ class ModelSpec:
     """``convert-checkpoint --from ROOT --to-hf DIR``: a directory ``from_pretrained`` loads."""
     generate: Callable[[GenerateConfig], list[Completion]]
     """``generate``: completions of the prompts, from a checkpoint or a HF directory of the family."""
+    check_generation: Callable[[GenerateConfig, int], None]
+    """(config, world size): raise what every rank of ``generate`` would, before any process starts."""
     parallel_generation: bool
     """Whether ``generate`` runs split over processes (tensor/pipeline/data parallel)."""

@@ -28,7 +28,18 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from trainer.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
 from trainer.models.gpt.fused_qkv import FUSED_WEIGHT, QKV, fuse_qkv
+from trainer.moe.layer import MoELayer
+from trainer.moe.settings import MoESettings
+
+# The token embedding, and the output head tied to it (under pipelining the last stage's own copy).
+TIED_WEIGHT_NAME = "tok_embeddings.weight"
+TIED_COPY_NAME = "output.weight"
+# The dropout sites of a GPT: the ``site`` coordinate of `trainer.keyed_dropout`.
+EMBEDDING_SITE, ATTENTION_PROBS_SITE, ATTENTION_OUT_SITE, FFN_OUT_SITE = range(4)
+# Dims of [batch, heads, q, k] probabilities and [batch, seq, hidden] residuals that parallelism shards.
+HEADS_DIM = SEQUENCE_DIM = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +59,8 @@ class GPTShape:
     fused_qkv: bool = False
     """One [3h, h] q/k/v projection instead of three [h, h] ones (compute layout only: checkpoints and
     Hugging Face files hold q, k and v apart either way)."""
+    moe: MoESettings | None = None
+    """Mixture of experts in place of the MLP of the layers it names (`trainer.moe`); None: dense."""
 
     def unfused(self) -> GPTShape:
         """This shape with q, k and v apart: the layout of checkpoints and HF conversion."""
@@ -69,10 +82,10 @@ class Attention(nn.Module):
             self.wk = nn.Linear(h, h)
             self.wv = nn.Linear(h, h)
         self.wo = nn.Linear(h, h)
-        self.attention_dropout = shape.attention_dropout
+        self.attention_dropout = KeyedDropout(shape.attention_dropout, tensor_parallel_dim=HEADS_DIM)
 
-    def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
-        """x: [batch, seq, hidden] -> [batch, seq, hidden].
+    def forward(self, x: torch.Tensor, kv_cache=None, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+        """x: [batch, seq, hidden] -> [batch, seq, hidden]; ``dropout_keys``: the block's keyed-dropout keys.
 
         ``kv_cache`` (generation only): this layer's cache, an object with ``update(k, v) -> (k, v)``
         (appends this call's keys/values [batch, local heads, seq, head_dim] and returns all cached
@@ -86,13 +99,12 @@ class Attention(nn.Module):
             q, k, v = (t.transpose(1, 2) for t in qkv.unbind(dim=3))
         else:
             q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
-        dropout = self.attention_dropout if self.training else 0.0
         if kv_cache is None:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+            out = attention(q, k, v, None, True, None, self.attention_dropout, dropout_keys, ATTENTION_PROBS_SITE)
         else:
             k, v = kv_cache.update(k, v)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=kv_cache.attn_mask, dropout_p=dropout,
-                                                 is_causal=kv_cache.is_causal)
+            out = attention(q, k, v, kv_cache.attn_mask, kv_cache.is_causal, None, self.attention_dropout, None,
+                            ATTENTION_PROBS_SITE)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -108,21 +120,29 @@ class FeedForward(nn.Module):
         return self.w2(F.gelu(self.w1(x), approximate="tanh"))
 
 
+def feed_forward(shape: GPTShape, layer_index: int) -> nn.Module:
+    """Block ``layer_index``'s MLP: dense, or a mixture of GELU experts (no biases, as Megatron's grouped MLP)."""
+    if shape.moe is not None and shape.moe.is_moe_layer(layer_index):
+        return MoELayer(shape.hidden_size, shape.ffn_hidden_size, "gelu", shape.moe)
+    return FeedForward(shape)
+
+
 class Block(nn.Module):
     """Pre-LayerNorm transformer block."""
 
-    def __init__(self, shape: GPTShape) -> None:
+    def __init__(self, shape: GPTShape, layer_index: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.LayerNorm(shape.hidden_size, eps=shape.layernorm_epsilon)
         self.attention = Attention(shape)
         self.ffn_norm = nn.LayerNorm(shape.hidden_size, eps=shape.layernorm_epsilon)
-        self.feed_forward = FeedForward(shape)
-        self.dropout = nn.Dropout(shape.hidden_dropout)
+        self.feed_forward = feed_forward(shape, layer_index)
+        self.dropout = KeyedDropout(shape.hidden_dropout, sequence_dim=SEQUENCE_DIM)
 
-    def forward(self, x: torch.Tensor, kv_cache=None) -> torch.Tensor:
-        # kv_cache by keyword: sequence parallelism's PrepareModuleInput lays out the positional inputs only.
-        x = x + self.dropout(self.attention(self.attention_norm(x), kv_cache=kv_cache))
-        return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+    def forward(self, x: torch.Tensor, kv_cache=None, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+        # By keyword: sequence parallelism's PrepareModuleInput lays out the positional inputs only.
+        x = x + self.dropout(self.attention(self.attention_norm(x), kv_cache=kv_cache, dropout_keys=dropout_keys),
+                             dropout_keys, ATTENTION_OUT_SITE)
+        return x + self.dropout(self.feed_forward(self.ffn_norm(x)), dropout_keys, FFN_OUT_SITE)
 
 
 class GPT(nn.Module):
@@ -133,8 +153,8 @@ class GPT(nn.Module):
         self.shape = shape
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.padded_vocab_size, shape.hidden_size)
         self.pos_embeddings: nn.Embedding | None = nn.Embedding(shape.max_position_embeddings, shape.hidden_size)
-        self.embedding_dropout: nn.Dropout | None = nn.Dropout(shape.hidden_dropout)
-        self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.num_layers)})
+        self.embedding_dropout: KeyedDropout | None = KeyedDropout(shape.hidden_dropout, sequence_dim=SEQUENCE_DIM)
+        self.layers = nn.ModuleDict({str(i): Block(shape, i) for i in range(shape.num_layers)})
         self.norm: nn.LayerNorm | None = nn.LayerNorm(shape.hidden_size, eps=shape.layernorm_epsilon)
         self.output: nn.Linear | None = nn.Linear(shape.hidden_size, shape.padded_vocab_size, bias=False)
         self.checkpoint_activations = False
@@ -173,9 +193,12 @@ class GPT(nn.Module):
         else:
             tensor.normal_(0.0, std)
 
-    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None, kv_cache=None) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, position_ids: torch.Tensor | None = None, kv_cache=None,
+                dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         """Token ids [batch, seq] (or, after the first stage, hidden states [batch, seq, hidden]) ->
         logits [batch, seq, padded_vocab] (or hidden states when this stage has no output head).
+
+        ``dropout_keys`` (training with keyed dropout): int64 [batch] `trainer.keyed_dropout.sample_keys`.
 
         ``kv_cache`` (generation only, see `trainer.generation.kv_cache`): ``kv_cache.layer(name)`` is
         block ``name``'s cache; with it the head is applied to the last position only (logits
@@ -184,11 +207,14 @@ class GPT(nn.Module):
         h = tokens
         if self.tok_embeddings is not None:
             h = self.tok_embeddings(tokens) + self.pos_embeddings(position_ids)
-            h = self.embedding_dropout(h)
+            h = self.embedding_dropout(h, layer_keys(dropout_keys, OUTSIDE_LAYERS), EMBEDDING_SITE)
         if kv_cache is None:
-            for layer in self.layers.values():
-                # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules.
-                h = checkpoint(layer, h, use_reentrant=False) if self.checkpoint_activations else layer(h)
+            for name, layer in self.layers.items():
+                keys = layer_keys(dropout_keys, int(name))
+                # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules;
+                # the recomputation sees the same keys, so it draws the same masks.
+                h = (checkpoint(layer, h, dropout_keys=keys, use_reentrant=False) if self.checkpoint_activations
+                     else layer(h, dropout_keys=keys))
         else:
             for name, layer in self.layers.items():
                 h = layer(h, kv_cache.layer(name))

@@ -1,15 +1,10 @@
-"""Tensor parallelism, activation checkpointing and data parallelism applied to a GPT (or a stage of it).
-
-Order follows torchtitan: TP first (DTensor ``parallelize_module``), then activation checkpointing,
-then FSDP2 ``fully_shard`` on the dp mesh. DDP is used only when data parallelism is the only
-parallelism and the distributed optimiser is off: it is the fastest pure-DP wrapper on CPU, and it
-does not compose with DTensor parameters (``DDP.__init__`` fails on mixed Tensor/DTensor).
+"""Tensor parallelism and FSDP2 units of a GPT (or a stage of it): the GPT's `trainer.models.spec.ParallelPlan`
+hooks. The order they are applied in, and the family-agnostic wrappers (activation checkpointing, DDP,
+``torch.compile``), are `trainer.runner`'s and `trainer.parallelize`'s.
 """
 
 from __future__ import annotations
 
-import torch
-from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Replicate, Shard
@@ -20,7 +15,6 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
     parallelize_module,
 )
-from torch.nn.parallel import DistributedDataParallel
 
 from trainer.models.gpt.model import GPT
 
@@ -65,11 +59,6 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     model.tie_weights()
 
 
-def apply_ac(model: GPT) -> None:
-    """Recompute every block in the backward pass (non-reentrant checkpointing, FQNs unchanged)."""
-    model.checkpoint_activations = True
-
-
 def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
     """FSDP2: one parameter group per block, the embeddings/norm/head in the root group.
 
@@ -78,9 +67,3 @@ def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> 
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-
-
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
-    """Classic DDP over ``dp_mesh`` (pure data parallelism only)."""
-    device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)

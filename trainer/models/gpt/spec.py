@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from trainer.data import Vocabulary
-from trainer.generate import generate
-from trainer.hf_convert import (
-    DEFAULT_DIVISIBLE_BY,
+from trainer.config import DEFAULT_DIVISIBLE_BY
+from trainer.hf_convert import ConvertCheckpointConfig
+from trainer.models.gpt.convert import (
     CheckpointModel,
-    ConvertCheckpointConfig,
     export_hf_checkpoint,
     gpt_checkpoint_train_defaults,
     hf_train_defaults,
@@ -17,10 +18,13 @@ from trainer.hf_convert import (
     load_hf_weights,
     save_model_config,
 )
-from trainer.models.gpt.model import GPT, GPTShape
-from trainer.models.gpt.training import training_parts
-from trainer.models.spec import ModelSpec
-from trainer.runner import TIED_WEIGHT_NAME, ParallelModel
+from trainer.models.gpt.fused_qkv import from_checkpoint, to_checkpoint
+from trainer.models.gpt.generate import check_gpt_generation, generate_gpt
+from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
+from trainer.models.gpt.parallelize import apply_fsdp, apply_tp
+from trainer.models.gpt.pipeline import split_stage
+from trainer.models.gpt.training import layout_rules, training_parts
+from trainer.models.spec import ModelSpec, ParallelPlan
 
 HF_MODEL_TYPE = "gpt2"
 
@@ -44,20 +48,44 @@ def _export_hf_checkpoint(config: ConvertCheckpointConfig) -> Path:
                                 verify=not config.no_verify)
 
 
+def _to_checkpoint(state: dict[str, torch.Tensor], shape: GPTShape) -> dict[str, torch.Tensor]:
+    return to_checkpoint(state, shape.num_attention_heads) if shape.fused_qkv else state
+
+
+def _from_checkpoint(loaded: dict[str, torch.Tensor], state: dict[str, torch.Tensor], shape: GPTShape) -> None:
+    from_checkpoint(loaded, state, shape.num_attention_heads)
+
+
+PLAN = ParallelPlan(
+    build=GPT,
+    num_layers=lambda shape: shape.num_layers,
+    split_stage=split_stage,
+    apply_tp=apply_tp,
+    apply_fsdp=apply_fsdp,
+    blocks=lambda part: list(part.layers.values()),
+    tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME),
+    model_inputs=lambda mb: (mb.tokens, mb.position_ids),
+    # Checkpoints hold q, k and v apart whether or not a run fuses them (`fused_qkv`).
+    to_checkpoint=_to_checkpoint,
+    from_checkpoint=_from_checkpoint,
+)
+
 SPEC = ModelSpec(
     name="gpt",
     hf_model_types=(HF_MODEL_TYPE,),
     training_parts=training_parts,
-    parallel_model=ParallelModel,
+    layout_rules=layout_rules,
+    parallel_plan=PLAN,
     # Checkpoints hold q, k and v apart whether or not a run fuses them (`fused_qkv`).
     checkpoint_model=lambda shape: GPT(shape.unfused()),
-    vocab_rows=(TIED_WEIGHT_NAME, "output.weight"),
+    vocab_rows=(TIED_WEIGHT_NAME, TIED_COPY_NAME),
     load_hf_weights=_load_hf_weights,
     save_model_config=_save_model_config,
     hf_train_defaults=hf_train_defaults,
     checkpoint_train_defaults=gpt_checkpoint_train_defaults,
     import_hf_checkpoint=_import_hf_checkpoint,
     export_hf_checkpoint=_export_hf_checkpoint,
-    generate=generate,
+    generate=generate_gpt,
+    check_generation=check_gpt_generation,
     parallel_generation=True,
 )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 from trainer.config import TrainConfig
-from trainer.data import build_datasets, collate, resolve_vocabulary
+from trainer.data import resolve_vocabulary
+from trainer.models.gpt.data import build_datasets, collate
 from trainer.metrics import FORWARD_BACKWARD_FACTOR
 from trainer.models.gpt.model import GPTShape
-from trainer.models.spec import TrainingParts
+from trainer.models.spec import FamilyLayout, TrainingParts
+from trainer.moe.settings import moe_settings
 from trainer.parallel_dims import pad_vocab_size
-
 
 
 def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
@@ -19,14 +20,32 @@ def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
                     padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
                     hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
                     init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon,
-                    fused_qkv=m.fused_qkv)
+                    fused_qkv=m.fused_qkv, moe=moe_settings(config.moe))
+
+
+def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
+    """Positions and (under sequence parallelism) the sequence split over tp; the pipeline splits the layers."""
+    model = config.model
+    rules = [(model.max_position_embeddings % tp == 0,
+              f"max_position_embeddings ({model.max_position_embeddings}) is not divisible by "
+              f"tensor_model_parallel_size ({tp})"),
+             (not config.parallelism.sequence_parallel or model.seq_length % tp == 0,
+              f"seq_length ({model.seq_length}) is not divisible by tensor_model_parallel_size ({tp}), "
+              f"which sequence_parallel needs")]
+    return FamilyLayout(rules, model.num_layers, f"num_layers ({model.num_layers})")
 
 
 def flops_per_token(shape: GPTShape, seq_length: int) -> float:
-    """Training FLOPs per token: 3 x (q/k/v/o + MLP + attention-score matmuls + output head), 2 FLOPs per MAC."""
+    """Training FLOPs per token: 3 x (q/k/v/o + MLP + attention-score matmuls + output head), 2 FLOPs per MAC.
+    A MoE layer's MLP counts the active experts (top-k of them) and its router."""
     h, ffn = shape.hidden_size, shape.ffn_hidden_size
-    per_layer = 2 * (4 * h * h + 2 * h * ffn) + 2 * 2 * seq_length * h
-    return FORWARD_BACKWARD_FACTOR * (shape.num_layers * per_layer + 2 * h * shape.padded_vocab_size)
+    mlp = 2 * 2 * h * ffn
+    total = 0
+    for index in range(shape.num_layers):
+        moe = shape.moe is not None and shape.moe.is_moe_layer(index)
+        layer_mlp = shape.moe.top_k * mlp + 2 * h * shape.moe.num_experts if moe else mlp
+        total += 2 * 4 * h * h + layer_mlp + 2 * 2 * seq_length * h
+    return FORWARD_BACKWARD_FACTOR * (total + 2 * h * shape.padded_vocab_size)
 
 
 def training_parts(config: TrainConfig, tp: int, sizes: tuple[int, int, int]) -> TrainingParts:

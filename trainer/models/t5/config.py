@@ -14,27 +14,35 @@ Hugging Face's (feed_forward_proj) and the T5 paper's.
 
 from __future__ import annotations
 
-from preprocess.tokenizers import TokenizerError
-from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids
+import json
+import os
+from pathlib import Path
+
+from preprocess.tokenizers import Tokenizer, TokenizerConfig, TokenizerError
+from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids, t5_text_tokenizer
 from samplers.t5.dataset import T5Dataset, T5DatasetConfig, build_t5_datasets
-from trainer.config import DataConfig, ModelConfig, T5Config
+from trainer.config import DataConfig, ModelConfig, MoEConfig, T5Config
 from trainer.errors import TrainConfigError
 from trainer.parallel_dims import pad_vocab_size
 from trainer.models.t5.model import T5Shape
+from trainer.moe.settings import moe_settings
 
 
-def t5_shape(model: ModelConfig, t5: T5Config, vocab_size: int, tp: int) -> T5Shape:
+def t5_shape(model: ModelConfig, t5: T5Config, vocab_size: int, tp: int, moe: MoEConfig | None = None) -> T5Shape:
     """The T5's dimensions: width, heads, encoder layers, MLP width, dropout and epsilon from
-    ``model``, the rest from ``t5``; the vocabulary padded for ``tp`` as Megatron does."""
+    ``model``, the rest from ``t5``, experts from ``moe`` (None: dense); the vocabulary padded for ``tp`` as
+    Megatron does."""
     tied = not t5.untie_embeddings_and_output_weights
+    scaled = tied if t5.scale_decoder_outputs is None else t5.scale_decoder_outputs
     return T5Shape(vocab_size=pad_vocab_size(vocab_size, model.make_vocab_size_divisible_by, tp),
                    d_model=model.hidden_size, d_kv=t5.kv_channels or model.hidden_size // model.num_attention_heads,
                    d_ff=model.ffn_hidden_size, num_heads=model.num_attention_heads,
                    num_encoder_layers=model.num_layers, num_decoder_layers=t5.decoder_num_layers or model.num_layers,
-                   feed_forward=t5.feed_forward_proj, tie_word_embeddings=tied, scale_decoder_outputs=tied,
+                   feed_forward=t5.feed_forward_proj, tie_word_embeddings=tied, scale_decoder_outputs=scaled,
                    relative_attention_num_buckets=t5.relative_attention_num_buckets,
                    relative_attention_max_distance=t5.relative_attention_max_distance,
-                   layer_norm_epsilon=model.layernorm_epsilon, dropout_rate=model.hidden_dropout)
+                   layer_norm_epsilon=model.layernorm_epsilon, dropout_rate=model.hidden_dropout,
+                   moe=moe_settings(moe) if moe is not None else None)
 
 
 def resolve_t5_special_ids(data: DataConfig, vocab_extra_ids: int) -> T5SpecialIds:
@@ -54,6 +62,42 @@ def resolve_t5_special_ids(data: DataConfig, vocab_extra_ids: int) -> T5SpecialI
         tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type=data.tokenizer_type, **files))
         return t5_special_ids(tokenizer, data.tokenizer_type, vocab_extra_ids)
     except (ValueError, TokenizerError) as error:
+        raise TrainConfigError(str(error)) from error
+
+
+# Hugging Face's T5Tokenizer: `extra_ids` sentinels unless tokenizer_config.json says otherwise.
+HF_TOKENIZER_CONFIG = "tokenizer_config.json"
+HF_DEFAULT_EXTRA_IDS = 100
+
+
+def _hf_extra_ids(directory: str | os.PathLike) -> int:
+    """The sentinel count a HF directory's tokenizer_config.json gives (``extra_ids``), else T5Tokenizer's default."""
+    path = Path(directory) / HF_TOKENIZER_CONFIG
+    try:
+        value = json.loads(path.read_text(encoding="utf-8")).get("extra_ids") if path.is_file() else None
+    except (OSError, ValueError, AttributeError) as error:
+        raise TrainConfigError(f"{path}: cannot read: {error}") from None
+    return value if isinstance(value, int) and value >= 0 else HF_DEFAULT_EXTRA_IDS
+
+
+def t5_text_tokenizer_for(tokenizer: Tokenizer, tokenizer_config: TokenizerConfig, vocab_size: int,
+                          hf_directory: str | os.PathLike | None) -> Tokenizer:
+    """The tokenizer a T5's prompts and outputs go through: sentinels and special tokens by name.
+
+    Args:
+        tokenizer: built from ``tokenizer_config``.
+        vocab_size: the model's real vocabulary (a checkpoint's: the tokenizer's ids plus its sentinels).
+        hf_directory: a HF directory the model comes from (its vocabulary is padded, so the sentinel count
+            comes from its tokenizer_config.json), or None for a checkpoint.
+
+    Raises:
+        TrainConfigError: a tokenizer without a T5 convention.
+    """
+    try:
+        own = t5_special_ids(tokenizer, tokenizer_config.tokenizer_type, 0).vocab_size
+        extra = _hf_extra_ids(hf_directory) if hf_directory is not None else max(vocab_size - own, 0)
+        return t5_text_tokenizer(tokenizer, t5_special_ids(tokenizer, tokenizer_config.tokenizer_type, extra))
+    except TokenizerError as error:
         raise TrainConfigError(str(error)) from error
 
 

@@ -172,6 +172,7 @@ def t5_shape_defaults(shape: T5Shape, vocab_size: int) -> dict[str, dict]:
         "t5": {"kv_channels": shape.d_kv, "decoder_num_layers": shape.num_decoder_layers,
                "feed_forward_proj": shape.feed_forward,
                "untie_embeddings_and_output_weights": not shape.tie_word_embeddings,
+               "scale_decoder_outputs": shape.scale_decoder_outputs,
                "relative_attention_num_buckets": shape.relative_attention_num_buckets,
                "relative_attention_max_distance": shape.relative_attention_max_distance},
     }

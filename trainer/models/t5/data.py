@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.data import IGNORE_INDEX, check_token_ids
+from trainer.data import IGNORE_INDEX, check_token_ids, stack_sample_ids
 
 
 @dataclass(slots=True)
@@ -27,10 +27,13 @@ class T5MicroBatch:
     encoder_attention_mask: torch.Tensor
     targets: torch.Tensor
     """Labels with IGNORE_INDEX where the loss mask is 0."""
+    sample_ids: torch.Tensor | None = None
+    """int64 [batch]: the samples' ids in the run's global order (`trainer.data.stack_sample_ids`)."""
 
     def to(self, device: torch.device) -> T5MicroBatch:
-        return T5MicroBatch(*(t.to(device, non_blocking=True) for t in (
-            self.encoder_input_ids, self.decoder_input_ids, self.encoder_attention_mask, self.targets)))
+        return T5MicroBatch(*(t if t is None else t.to(device, non_blocking=True) for t in (
+            self.encoder_input_ids, self.decoder_input_ids, self.encoder_attention_mask, self.targets,
+            self.sample_ids)))
 
     @property
     def num_target_tokens(self) -> int:
@@ -47,4 +50,5 @@ def collate_t5(items: list[dict[str, torch.Tensor]], vocab_size: int) -> T5Micro
     check_token_ids(vocab_size, stack["encoder_input_ids"], stack["labels"])
     return T5MicroBatch(encoder_input_ids=stack["encoder_input_ids"], decoder_input_ids=stack["decoder_input_ids"],
                         encoder_attention_mask=stack["encoder_attention_mask"],
-                        targets=stack["labels"].masked_fill(stack["loss_mask"] == 0, IGNORE_INDEX))
+                        targets=stack["labels"].masked_fill(stack["loss_mask"] == 0, IGNORE_INDEX),
+                        sample_ids=stack_sample_ids(items))

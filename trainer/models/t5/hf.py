@@ -30,10 +30,12 @@ from trainer.errors import HFConversionError
 from trainer.models.t5.model import T5, T5Shape
 
 T5_ARCHITECTURES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
-# Tensors a file may hold besides ours: tied copies of the embedding, and a cross-attention bias that
-# old checkpoints carry but no model uses.
-_IGNORED = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight",
-            "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
+# The encoder's and decoder's copies of the shared embedding: transformers ties both to shared.weight,
+# so a file may hold them, equal to it.
+_EMBEDDING_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
+# Tensors a file may hold besides ours: the embedding copies, and a cross-attention bias that old
+# checkpoints carry but no model uses.
+_IGNORED = (*_EMBEDDING_COPIES, "decoder.block.0.layer.1.EncDecAttention.relative_attention_bias.weight")
 
 
 def _attention_names(ours: str, hf: str) -> dict[str, str]:
@@ -127,7 +129,24 @@ def state_from_hf_t5(tensors: dict[str, torch.Tensor], shape: T5Shape, source: s
     unexpected = sorted(set(tensors) - known)
     if unexpected:
         raise HFConversionError(f"{source}: unexpected tensor {unexpected[0]} ({len(unexpected)} unexpected)")
+    _check_embedding_copies(tensors, source)
     return {ours: tensors[hf] for ours, hf in names.items()}
+
+
+def _check_embedding_copies(tensors: dict[str, torch.Tensor], source: str) -> None:
+    """Refuse encoder/decoder embeddings that differ from ``shared.weight``: our T5 has one embedding
+    (as transformers' does, which would silently tie them on load), so importing them would change the model.
+
+    Raises:
+        HFConversionError: naming the tensors that differ.
+    """
+    shared = tensors["shared.weight"]
+    differ = [name for name in _EMBEDDING_COPIES
+              if name in tensors and (tensors[name].shape != shared.shape or not torch.equal(tensors[name], shared))]
+    if differ:
+        raise HFConversionError(f"{source}: {' and '.join(differ)} differ from shared.weight; a T5 shares one "
+                                "embedding between encoder, decoder and shared, so these weights cannot be imported "
+                                "as they are")
 
 
 def hf_t5_config(shape: T5Shape, model_type: str, eos_id: int = 1, pad_id: int = 0) -> dict[str, Any]:

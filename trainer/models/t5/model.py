@@ -32,6 +32,9 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import FEED_FORWARD_KINDS
+from trainer.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
+from trainer.moe.layer import MoELayer
+from trainer.moe.settings import MoESettings
 
 
 
@@ -61,10 +64,20 @@ class T5Shape:
     dropout_rate: float = 0.0
     initializer_factor: float = 1.0
     """Scales every initial standard deviation (Hugging Face's initializer_factor)."""
+    moe: MoESettings | None = None
+    """Mixture of experts in place of the MLP of the layers it names, in each stack (`trainer.moe`); None: dense."""
 
     def __post_init__(self) -> None:
         if self.feed_forward not in FEED_FORWARD_KINDS:
             raise ValueError(f"feed_forward must be one of {FEED_FORWARD_KINDS}, got {self.feed_forward!r}")
+
+
+# The dropout sites of a T5, the ``site`` coordinate of `trainer.keyed_dropout`: outside the blocks, then in one.
+(ENCODER_EMBEDDING_SITE, DECODER_EMBEDDING_SITE, ENCODER_OUTPUT_SITE, DECODER_OUTPUT_SITE,
+ SELF_ATTENTION_PROBS_SITE, SELF_ATTENTION_OUT_SITE, CROSS_ATTENTION_PROBS_SITE, CROSS_ATTENTION_OUT_SITE,
+ FFN_HIDDEN_SITE, FFN_OUT_SITE) = range(10)
+# The dims tensor parallelism shards: heads of [batch, heads, q, k] probabilities, features of the MLP's hidden.
+HEADS_DIM, FEATURE_DIM = 1, -1
 
 
 def relative_position_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int,
@@ -107,16 +120,37 @@ class RelativePositionBias(nn.Module):
         self.num_buckets = shape.relative_attention_num_buckets
         self.max_distance = shape.relative_attention_max_distance
 
+    def rows(self) -> torch.Tensor:
+        """The table, one row per bucket: float [buckets, heads (local under tensor parallelism)].
+
+        What a pipeline stage sends on in place of a bias: a few hundred numbers instead of
+        [batch, heads, L, L] per micro-batch (`position_bias` turns them into the bias where needed).
+        """
+        return self.embedding(torch.arange(self.num_buckets, device=self.embedding.weight.device))
+
     def forward(self, query_length: int, key_length: int, query_offset: int = 0) -> torch.Tensor:
         """Bias [1, heads (local under tensor parallelism), query_length, key_length] (float).
 
         ``query_offset``: absolute position of the first query (incremental decoding).
         """
-        device = self.embedding.weight.device
-        query = torch.arange(query_offset, query_offset + query_length, device=device)[:, None]
-        key = torch.arange(key_length, device=device)[None, :]
-        buckets = relative_position_bucket(key - query, self.bidirectional, self.num_buckets, self.max_distance)
-        return self.embedding(buckets).permute(2, 0, 1).unsqueeze(0)
+        return position_bias(self.rows(), self.bidirectional, self.max_distance, query_length, key_length,
+                             query_offset)
+
+
+def position_bias(rows: torch.Tensor, bidirectional: bool, max_distance: int, query_length: int, key_length: int,
+                  query_offset: int = 0) -> torch.Tensor:
+    """The relative-position bias of ``query_length`` queries (from ``query_offset``) over ``key_length`` keys.
+
+    Args:
+        rows: `RelativePositionBias.rows`, float [buckets, heads].
+
+    Returns:
+        [1, heads, query_length, key_length], rows' dtype.
+    """
+    query = torch.arange(query_offset, query_offset + query_length, device=rows.device)[:, None]
+    key = torch.arange(key_length, device=rows.device)[None, :]
+    buckets = relative_position_bucket(key - query, bidirectional, rows.shape[0], max_distance)
+    return rows[buckets].permute(2, 0, 1).unsqueeze(0)
 
 
 class Attention(nn.Module):
@@ -130,7 +164,7 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.d_model, inner, bias=False)
         self.wv = nn.Linear(shape.d_model, inner, bias=False)
         self.wo = nn.Linear(inner, shape.d_model, bias=False)
-        self.dropout = shape.dropout_rate
+        self.dropout = KeyedDropout(shape.dropout_rate, tensor_parallel_dim=HEADS_DIM)
 
     def heads(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """[batch, seq, d_model] -> [batch, local heads, seq, d_kv]."""
@@ -139,9 +173,10 @@ class Attention(nn.Module):
         return linear(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor | None, memory: torch.Tensor | None = None,
-                cache: dict | None = None) -> torch.Tensor:
+                cache: dict | None = None, dropout_keys: torch.Tensor | None = None,
+                dropout_site: int = SELF_ATTENTION_PROBS_SITE) -> torch.Tensor:
         """x: [batch, q, d_model]; bias: additive [1 or batch, heads or 1, q or 1, k] (position bias
-        and/or mask) or None.
+        and/or mask) or None; ``dropout_keys``/``dropout_site``: the probabilities' keyed dropout.
 
         ``cache`` (generation only): this layer's dict; self-attention appends its keys/values under
         "k"/"v", cross-attention computes the memory's keys/values once and keeps them.
@@ -157,9 +192,8 @@ class Attention(nn.Module):
                 if memory is None and "k" in cache:
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-        dropout = self.dropout if self.training else 0.0
         mask = None if bias is None else bias.to(q.dtype)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, scale=1.0)
+        out = attention(q, k, v, mask, False, 1.0, self.dropout, dropout_keys, dropout_site)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -171,14 +205,14 @@ class FeedForward(nn.Module):
         self.w1 = nn.Linear(shape.d_model, shape.d_ff, bias=False)
         self.w3 = nn.Linear(shape.d_model, shape.d_ff, bias=False) if shape.feed_forward == "gated-gelu" else None
         self.w2 = nn.Linear(shape.d_ff, shape.d_model, bias=False)
-        self.dropout = nn.Dropout(shape.dropout_rate)
+        self.dropout = KeyedDropout(shape.dropout_rate, tensor_parallel_dim=FEATURE_DIM)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         if self.w3 is None:
             hidden = F.relu(self.w1(x))
         else:
             hidden = F.gelu(self.w1(x), approximate="tanh") * self.w3(x)
-        return self.w2(self.dropout(hidden))
+        return self.w2(self.dropout(hidden, dropout_keys, FFN_HIDDEN_SITE))
 
 
 def _norm(shape: T5Shape) -> nn.RMSNorm:
@@ -186,38 +220,57 @@ def _norm(shape: T5Shape) -> nn.RMSNorm:
     return nn.RMSNorm(shape.d_model, eps=shape.layer_norm_epsilon)
 
 
+def feed_forward(shape: T5Shape, layer_index: int) -> nn.Module:
+    """The MLP of block ``layer_index`` of a stack: dense, or a mixture of experts of the same kind."""
+    if shape.moe is not None and shape.moe.is_moe_layer(layer_index):
+        return MoELayer(shape.d_model, shape.d_ff, shape.feed_forward, shape.moe)
+    return FeedForward(shape)
+
+
 class EncoderBlock(nn.Module):
     """Pre-norm self-attention and MLP, each added to the residual stream after dropout."""
 
-    def __init__(self, shape: T5Shape) -> None:
+    def __init__(self, shape: T5Shape, layer_index: int = 0) -> None:
         super().__init__()
         self.attention_norm = _norm(shape)
         self.attention = Attention(shape)
         self.ffn_norm = _norm(shape)
-        self.feed_forward = FeedForward(shape)
-        self.dropout = nn.Dropout(shape.dropout_rate)
+        self.feed_forward = feed_forward(shape, layer_index)
+        self.dropout = KeyedDropout(shape.dropout_rate)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        x = x + self.dropout(self.attention(self.attention_norm(x), bias))
-        return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+    def forward(self, x: torch.Tensor, bias: torch.Tensor, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+        x = x + self.dropout(self.attention(self.attention_norm(x), bias, dropout_keys=dropout_keys), dropout_keys,
+                             SELF_ATTENTION_OUT_SITE)
+        return self.mlp_residual(x, dropout_keys)
+
+    def mlp_residual(self, x: torch.Tensor, dropout_keys: torch.Tensor | None) -> torch.Tensor:
+        """x plus the MLP's dropped-out output; a dense MLP takes the keys of its hidden dropout too."""
+        normed = self.ffn_norm(x)
+        out = self.feed_forward(normed, dropout_keys) if isinstance(self.feed_forward, FeedForward) else \
+            self.feed_forward(normed)
+        return x + self.dropout(out, dropout_keys, FFN_OUT_SITE)
 
 
 class DecoderBlock(EncoderBlock):
     """Causal self-attention, cross-attention over the encoder output, MLP (pre-norm each)."""
 
-    def __init__(self, shape: T5Shape) -> None:
-        super().__init__(shape)
+    def __init__(self, shape: T5Shape, layer_index: int = 0) -> None:
+        super().__init__(shape, layer_index)
         self.cross_attention_norm = _norm(shape)
         self.cross_attention = Attention(shape)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor, memory: torch.Tensor, memory_bias: torch.Tensor | None,
-                cache: dict | None = None) -> torch.Tensor:
+                cache: dict | None = None, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         self_cache = cross_cache = None
         if cache is not None:
             self_cache, cross_cache = cache.setdefault("self", {}), cache.setdefault("cross", {})
-        x = x + self.dropout(self.attention(self.attention_norm(x), bias, cache=self_cache))
-        x = x + self.dropout(self.cross_attention(self.cross_attention_norm(x), memory_bias, memory, cross_cache))
-        return x + self.dropout(self.feed_forward(self.ffn_norm(x)))
+        keys = dropout_keys
+        x = x + self.dropout(self.attention(self.attention_norm(x), bias, cache=self_cache, dropout_keys=keys), keys,
+                             SELF_ATTENTION_OUT_SITE)
+        cross = self.cross_attention(self.cross_attention_norm(x), memory_bias, memory, cross_cache, dropout_keys=keys,
+                                     dropout_site=CROSS_ATTENTION_PROBS_SITE)
+        x = x + self.dropout(cross, keys, CROSS_ATTENTION_OUT_SITE)
+        return self.mlp_residual(x, keys)
 
 
 def padding_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
@@ -237,13 +290,13 @@ class T5(nn.Module):
         self.shape = shape
         self.shared: nn.Embedding | None = nn.Embedding(shape.vocab_size, shape.d_model)
         self.encoder_position_bias: RelativePositionBias | None = RelativePositionBias(shape, bidirectional=True)
-        self.encoder_layers = nn.ModuleDict({str(i): EncoderBlock(shape) for i in range(shape.num_encoder_layers)})
+        self.encoder_layers = nn.ModuleDict({str(i): EncoderBlock(shape, i) for i in range(shape.num_encoder_layers)})
         self.encoder_norm: nn.RMSNorm | None = _norm(shape)
         self.decoder_position_bias: RelativePositionBias | None = RelativePositionBias(shape, bidirectional=False)
-        self.decoder_layers = nn.ModuleDict({str(i): DecoderBlock(shape) for i in range(shape.num_decoder_layers)})
+        self.decoder_layers = nn.ModuleDict({str(i): DecoderBlock(shape, i) for i in range(shape.num_decoder_layers)})
         self.decoder_norm: nn.RMSNorm | None = _norm(shape)
         self.output: nn.Linear | None = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
-        self.dropout = nn.Dropout(shape.dropout_rate)
+        self.dropout = KeyedDropout(shape.dropout_rate)
         self.checkpoint_activations = False
         self.pipeline_stage = False
         """Set by `trainer.models.t5.pipeline.split_t5_stage`: forward maps stage inputs to stage outputs."""
@@ -271,70 +324,98 @@ class T5(nn.Module):
             return
         std = {"wq": (s.d_model * s.d_kv) ** -0.5, "wk": s.d_model ** -0.5, "wv": s.d_model ** -0.5,
                "wo": (s.num_heads * s.d_kv) ** -0.5, "w1": s.d_model ** -0.5, "w3": s.d_model ** -0.5,
-               "w2": s.d_ff ** -0.5, "embedding": s.d_model ** -0.5, "shared": 1.0, "output": 1.0}
+               "w2": s.d_ff ** -0.5, "embedding": s.d_model ** -0.5, "shared": 1.0, "output": 1.0,
+               "router": s.d_model ** -0.5}
         tensor.normal_(0.0, factor * std[name.split(".")[-2]])
 
-    def encoder_bias(self, length: int, attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-        """Position bias plus padding mask of the encoder's self-attention [1 or batch, heads, Le, Le]."""
-        bias = self.encoder_position_bias(length, length).to(dtype)
-        return bias if attention_mask is None else bias + padding_bias(attention_mask, dtype)
+    def encoder_bias(self, length: int, key_bias: torch.Tensor | None, dtype: torch.dtype,
+                     rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Position bias plus padding mask of the encoder's self-attention [1 or batch, heads, Le, Le].
 
-    def decoder_bias(self, length: int, offset: int, dtype: torch.dtype) -> torch.Tensor:
-        """Position bias plus causal mask of ``length`` decoder queries after ``offset`` earlier positions."""
-        bias = self.decoder_position_bias(length, offset + length, query_offset=offset).to(dtype)
+        Args:
+            key_bias: `padding_bias` of the encoder's attention mask, or None (no padding).
+            rows: the encoder table's rows (`RelativePositionBias.rows`); default this module's table.
+        """
+        rows = self.encoder_position_bias.rows() if rows is None else rows
+        bias = position_bias(rows, True, self.shape.relative_attention_max_distance, length, length).to(dtype)
+        return bias if key_bias is None else bias + key_bias
+
+    def decoder_bias(self, length: int, offset: int, dtype: torch.dtype, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Position bias plus causal mask of ``length`` decoder queries after ``offset`` earlier positions
+        (``rows``: the decoder table's rows; default this module's table)."""
+        rows = self.decoder_position_bias.rows() if rows is None else rows
+        bias = position_bias(rows, False, self.shape.relative_attention_max_distance, length, offset + length,
+                             offset).to(dtype)
         if length == 1:
             return bias  # the newest query may see every key
         causal = torch.ones(length, offset + length, dtype=torch.bool, device=bias.device).tril(offset)
         return bias.masked_fill(~causal, torch.finfo(dtype).min)
 
-    def run_encoder_layers(self, h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        for layer in self.encoder_layers.values():
-            # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules.
-            h = checkpoint(layer, h, bias, use_reentrant=False) if self.checkpoint_activations else layer(h, bias)
+    def outer_dropout(self, x: torch.Tensor, dropout_keys: torch.Tensor | None, site: int) -> torch.Tensor:
+        """The dropout of the embeddings and stack outputs (keyed outside the blocks)."""
+        return self.dropout(x, layer_keys(dropout_keys, OUTSIDE_LAYERS), site)
+
+    def run_encoder_layers(self, h: torch.Tensor, bias: torch.Tensor,
+                           dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
+        for name, layer in self.encoder_layers.items():
+            keys = layer_keys(dropout_keys, int(name))
+            # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules; the
+            # recomputation sees the same keys, so it draws the same masks.
+            h = (checkpoint(layer, h, bias, dropout_keys=keys, use_reentrant=False) if self.checkpoint_activations
+                 else layer(h, bias, dropout_keys=keys))
         return h
 
     def run_decoder_layers(self, h: torch.Tensor, bias: torch.Tensor, memory: torch.Tensor,
-                           memory_bias: torch.Tensor | None, cache: dict | None = None) -> torch.Tensor:
+                           memory_bias: torch.Tensor | None, cache: dict | None = None,
+                           dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         for name, layer in self.decoder_layers.items():
+            # Decoder layers follow the encoder's in the global layer order (as the pipeline splits them).
+            keys = layer_keys(dropout_keys, self.shape.num_encoder_layers + int(name))
             if cache is not None:
                 h = layer(h, bias, memory, memory_bias, cache.setdefault(name, {}))
             elif self.checkpoint_activations:
-                h = checkpoint(layer, h, bias, memory, memory_bias, use_reentrant=False)
+                h = checkpoint(layer, h, bias, memory, memory_bias, dropout_keys=keys, use_reentrant=False)
             else:
-                h = layer(h, bias, memory, memory_bias)
+                h = layer(h, bias, memory, memory_bias, dropout_keys=keys)
         return h
 
-    def head(self, h: torch.Tensor) -> torch.Tensor:
+    def head(self, h: torch.Tensor, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         """Final decoder norm, the v1.0 output scaling, and the LM head: logits [batch, Ld, vocab]."""
-        h = self.dropout(self.decoder_norm(h))
+        h = self.outer_dropout(self.decoder_norm(h), dropout_keys, DECODER_OUTPUT_SITE)
         if self.shape.scale_decoder_outputs:
             h = h * self.shape.d_model ** -0.5
         return self.output(h)
 
-    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def encode(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+               dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         """Encoder output [batch, Le, d_model] of token ids [batch, Le] (mask: 1 token, 0 padding)."""
-        h = self.dropout(self.shared(input_ids))
-        h = self.run_encoder_layers(h, self.encoder_bias(input_ids.shape[1], attention_mask, h.dtype))
-        return self.dropout(self.encoder_norm(h))
+        h = self.outer_dropout(self.shared(input_ids), dropout_keys, ENCODER_EMBEDDING_SITE)
+        bias = self.encoder_bias(input_ids.shape[1], padding_bias(attention_mask, h.dtype), h.dtype)
+        h = self.run_encoder_layers(h, bias, dropout_keys)
+        return self.outer_dropout(self.encoder_norm(h), dropout_keys, ENCODER_OUTPUT_SITE)
 
     def decode(self, decoder_input_ids: torch.Tensor, memory: torch.Tensor,
-               encoder_attention_mask: torch.Tensor | None = None, cache: dict | None = None) -> torch.Tensor:
+               encoder_attention_mask: torch.Tensor | None = None, cache: dict | None = None,
+               dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         """Logits [batch, Ld, vocab] of decoder ids [batch, Ld] attending to the encoder output ``memory``.
 
         ``cache`` (generation only): a dict filled across calls; each call then passes only the new
         decoder ids, which continue the ones passed before.
         """
-        h = self.dropout(self.shared(decoder_input_ids))
+        h = self.outer_dropout(self.shared(decoder_input_ids), dropout_keys, DECODER_EMBEDDING_SITE)
         length = decoder_input_ids.shape[1]
         offset = cache.get("length", 0) if cache is not None else 0
         bias = self.decoder_bias(length, offset, h.dtype)
-        h = self.run_decoder_layers(h, bias, memory, padding_bias(encoder_attention_mask, h.dtype), cache)
+        h = self.run_decoder_layers(h, bias, memory, padding_bias(encoder_attention_mask, h.dtype), cache,
+                                    dropout_keys)
         if cache is not None:
             cache["length"] = offset + length
-        return self.head(h)
+        return self.head(h, dropout_keys)
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        """The whole model: (encoder_input_ids, decoder_input_ids[, encoder_attention_mask]) -> logits.
+    def forward(self, *inputs: torch.Tensor,
+                dropout_keys: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """The whole model: (encoder_input_ids, decoder_input_ids[, encoder_attention_mask]) -> logits;
+        ``dropout_keys`` (training with keyed dropout): int64 [batch] `trainer.keyed_dropout.sample_keys`.
 
         Args:
             encoder_input_ids: int64 [batch, Le].
@@ -346,41 +427,47 @@ class T5(nn.Module):
             the previous stage's tensors to the next stage's.
         """
         if self.pipeline_stage:
-            return self.pipeline_stage_forward(*inputs)
+            return self.pipeline_stage_forward(*inputs, dropout_keys=dropout_keys)
         encoder_input_ids, decoder_input_ids, *mask = inputs
         mask = mask[0] if mask else None
-        return self.decode(decoder_input_ids, self.encode(encoder_input_ids, mask), mask)
+        memory = self.encode(encoder_input_ids, mask, dropout_keys)
+        return self.decode(decoder_input_ids, memory, mask, dropout_keys=dropout_keys)
 
-    def pipeline_stage_forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+    def pipeline_stage_forward(self, *inputs: torch.Tensor,
+                               dropout_keys: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """One pipeline stage: the parts this module holds, between the tensors stages exchange.
 
         The first stage takes (encoder_input_ids, decoder_input_ids, encoder_attention_mask) and
         embeds both id sequences (the embedding then lives on one stage only). Stages send
-        encoder stages: (encoder hidden, decoder embeddings, encoder bias, memory bias);
-        decoder stages: (decoder hidden, encoder output, decoder bias, memory bias);
+        encoder stages: (encoder hidden, decoder embeddings, encoder table rows, memory bias);
+        decoder stages: (decoder hidden, encoder output, decoder table rows, memory bias);
         the last stage returns logits. The stage holding the first decoder layer finishes the
-        encoder (its final norm) and computes the decoder bias. Biases are computed once, on the
-        stage holding their table, and travel with the activations, so no table is duplicated.
+        encoder (its final norm). Each position-bias table lives on one stage; what travels is its rows
+        ([buckets, heads], `RelativePositionBias.rows`, their gradient coming back through the schedule),
+        not the [batch, heads, L, L] bias: a stage keeps a receive buffer and an input gradient per
+        micro-batch, and at L = 1024 a bias is tens of megabytes where the rows are a few hundred numbers.
+        The memory bias ([batch, 1, 1, Le], the padding mask) is the encoder's key bias as well.
         """
         if self.shared is not None:
             encoder_ids, decoder_ids, mask = inputs
-            h = self.dropout(self.shared(encoder_ids))
-            decoder_h = self.dropout(self.shared(decoder_ids))
-            # Point-to-point sends need contiguous tensors (the bias is a permuted view).
-            encoder_bias = self.encoder_bias(encoder_ids.shape[1], mask, h.dtype).contiguous()
+            h = self.outer_dropout(self.shared(encoder_ids), dropout_keys, ENCODER_EMBEDDING_SITE)
+            decoder_h = self.outer_dropout(self.shared(decoder_ids), dropout_keys, DECODER_EMBEDDING_SITE)
+            encoder_rows = self.encoder_position_bias.rows()
             memory_bias = padding_bias(mask, h.dtype)
         elif self.decoder_position_bias is not None or self.encoder_layers:
-            h, decoder_h, encoder_bias, memory_bias = inputs
+            h, decoder_h, encoder_rows, memory_bias = inputs
         else:
-            decoder_h, memory, decoder_bias, memory_bias = inputs
+            decoder_h, memory, decoder_rows, memory_bias = inputs
         if self.encoder_layers:
-            h = self.run_encoder_layers(h, encoder_bias)
+            h = self.run_encoder_layers(h, self.encoder_bias(h.shape[1], memory_bias, h.dtype, encoder_rows),
+                                        dropout_keys)
         if self.decoder_position_bias is not None:
-            memory = self.dropout(self.encoder_norm(h))
-            decoder_bias = self.decoder_bias(decoder_h.shape[1], 0, decoder_h.dtype).contiguous()
+            memory = self.outer_dropout(self.encoder_norm(h), dropout_keys, ENCODER_OUTPUT_SITE)
+            decoder_rows = self.decoder_position_bias.rows()
         elif self.encoder_layers or self.shared is not None:
-            return h, decoder_h, encoder_bias, memory_bias
-        decoder_h = self.run_decoder_layers(decoder_h, decoder_bias, memory, memory_bias)
+            return h, decoder_h, encoder_rows, memory_bias
+        decoder_bias = self.decoder_bias(decoder_h.shape[1], 0, decoder_h.dtype, decoder_rows)
+        decoder_h = self.run_decoder_layers(decoder_h, decoder_bias, memory, memory_bias, dropout_keys=dropout_keys)
         if self.output is not None:
-            return self.head(decoder_h)
-        return decoder_h, memory, decoder_bias, memory_bias
+            return self.head(decoder_h, dropout_keys)
+        return decoder_h, memory, decoder_rows, memory_bias

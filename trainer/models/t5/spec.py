@@ -4,10 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+
 from trainer.data import Vocabulary
 from trainer.checkpoint import resolve_checkpoint
-from trainer.hf_convert import DEFAULT_DIVISIBLE_BY, ConvertCheckpointConfig
-from trainer.models.spec import ModelSpec
+from trainer.config import DEFAULT_DIVISIBLE_BY
+from trainer.hf_convert import ConvertCheckpointConfig
+from trainer.errors import TrainConfigError
+from trainer.models.spec import ModelSpec, ParallelPlan
 from trainer.models.t5.convert import (
     T5_MODEL,
     VOCAB_ROWS,
@@ -18,11 +23,13 @@ from trainer.models.t5.convert import (
     t5_checkpoint_train_defaults,
     t5_train_defaults,
 )
-from trainer.models.t5.generate import generate_t5
+from trainer.models.t5.data import T5MicroBatch
+from trainer.models.t5.generate import check_t5_generation, generate_t5
 from trainer.models.t5.hf import T5_ARCHITECTURES
 from trainer.models.t5.model import T5, T5Shape
-from trainer.models.t5.runner import ParallelT5
-from trainer.models.t5.training import training_parts
+from trainer.models.t5.parallelize import apply_t5_fsdp, apply_t5_tp
+from trainer.models.t5.pipeline import split_t5_stage
+from trainer.models.t5.training import layout_rules, training_parts
 
 
 def _save_model_config(root, shape: T5Shape, vocabulary: Vocabulary, hf_model_type: str) -> None:
@@ -40,11 +47,51 @@ def _export_hf_checkpoint(config: ConvertCheckpointConfig) -> Path:
     return export_t5_checkpoint(root, iteration, config.to_hf, verify=not config.no_verify)
 
 
+TIED_WEIGHT_NAME = "shared.weight"
+# The last pipeline stage's copy of the shared embedding; only tied variants (v1.0) have one.
+TIED_COPY_NAME = "output.weight"
+# What a micro-batch feeds `T5.forward` (the first pipeline stage), in order.
+MODEL_INPUTS = ("encoder_input_ids", "decoder_input_ids", "encoder_attention_mask")
+
+
+def _split_stage(model: T5, stage_id: int, num_stages: int) -> T5:
+    try:
+        return split_t5_stage(model, stage_id, num_stages)
+    except ValueError as error:
+        raise TrainConfigError(str(error)) from error
+
+
+def _apply_tp(part: T5, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    if sequence_parallel:
+        raise TrainConfigError("sequence_parallel is not implemented for model t5")
+    try:
+        apply_t5_tp(part, tp_mesh)
+    except ValueError as error:
+        raise TrainConfigError(str(error)) from error
+
+
+def model_inputs(mb: T5MicroBatch) -> tuple[torch.Tensor, ...]:
+    """The tensors of a micro-batch `T5.forward` takes, in its order."""
+    return tuple(getattr(mb, name) for name in MODEL_INPUTS)
+
+
+PLAN = ParallelPlan(
+    build=T5,
+    num_layers=lambda shape: shape.num_encoder_layers + shape.num_decoder_layers,
+    split_stage=_split_stage,
+    apply_tp=_apply_tp,
+    apply_fsdp=apply_t5_fsdp,
+    blocks=lambda part: [*part.encoder_layers.values(), *part.decoder_layers.values()],
+    tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME) if shape.tie_word_embeddings else None,
+    model_inputs=model_inputs,
+)
+
 SPEC = ModelSpec(
     name=T5_MODEL,
     hf_model_types=tuple(T5_ARCHITECTURES),
     training_parts=training_parts,
-    parallel_model=ParallelT5,
+    layout_rules=layout_rules,
+    parallel_plan=PLAN,
     checkpoint_model=T5,
     vocab_rows=VOCAB_ROWS,
     load_hf_weights=load_hf_t5_weights,
@@ -54,5 +101,6 @@ SPEC = ModelSpec(
     import_hf_checkpoint=_import_hf_checkpoint,
     export_hf_checkpoint=_export_hf_checkpoint,
     generate=generate_t5,
-    parallel_generation=False,
+    check_generation=check_t5_generation,
+    parallel_generation=True,
 )

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from trainer.config import TrainConfig
 from trainer.data import Vocabulary
+from trainer.errors import TrainConfigError
 from trainer.metrics import FORWARD_BACKWARD_FACTOR
-from trainer.models.spec import TrainingParts
+from trainer.models.spec import FamilyLayout, TrainingParts
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
 from trainer.models.t5.data import collate_t5
 from trainer.models.t5.model import T5Shape
@@ -14,13 +15,23 @@ from trainer.models.t5.model import T5Shape
 GATED_INPUTS = 2
 
 
+def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
+    """No sequence parallelism; the pipeline splits encoder and decoder blocks together. (The vocabulary is
+    padded to a multiple of tp, `pad_vocab_size`, and T5 has no position table.)"""
+    model = config.model
+    decoder_layers = config.t5.decoder_num_layers or model.num_layers
+    rules = [(not config.parallelism.sequence_parallel, "sequence_parallel is not implemented for model t5")]
+    return FamilyLayout(rules, model.num_layers + decoder_layers,
+                        f"num_layers + decoder_num_layers ({model.num_layers} + {decoder_layers})")
+
+
 def flops_per_token(shape: T5Shape, encoder_length: int, decoder_length: int) -> float:
     """Training FLOPs per sample position (encoder + decoder).
 
     Per sample: encoder blocks (q/k/v/o, MLP, scores over ``encoder_length``) on every encoder
     position; decoder blocks (self-attention, MLP, cross-attention q/o and scores) on every decoder
     position, plus the cross-attention k/v projections of every encoder position; the LM head on
-    every decoder position. Gated-GELU MLPs have two input projections.
+    every decoder position. Gated-GELU MLPs have two input projections; MoE layers count top-k of them.
     """
     d, inner, d_ff = shape.d_model, shape.num_heads * shape.d_kv, shape.d_ff
     mlp = 2 * (GATED_INPUTS if shape.feed_forward == "gated-gelu" else 1) * d * d_ff + 2 * d_ff * d
@@ -32,6 +43,10 @@ def flops_per_token(shape: T5Shape, encoder_length: int, decoder_length: int) ->
     cross_kv = 2 * 2 * d * inner * encoder_length
     decoder = shape.num_decoder_layers * (decoder_length * decoder_position + cross_kv)
     head = 2 * d * shape.vocab_size * decoder_length
+    if shape.moe is not None:  # a MoE layer runs top-k experts' MLPs and its router
+        extra = (shape.moe.top_k - 1) * mlp + 2 * d * shape.moe.num_experts
+        encoder += encoder_length * extra * sum(map(shape.moe.is_moe_layer, range(shape.num_encoder_layers)))
+        decoder += decoder_length * extra * sum(map(shape.moe.is_moe_layer, range(shape.num_decoder_layers)))
     return FORWARD_BACKWARD_FACTOR * (encoder + decoder + head) / (encoder_length + decoder_length)
 
 
@@ -40,7 +55,11 @@ def training_parts(config: TrainConfig, tp: int, sizes: tuple[int, int, int]) ->
     special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
     vocabulary = Vocabulary(size=config.model.vocab_size or special.vocab_size, eod_id=special.eos,
                             pad_id=special.pad)
-    shape = t5_shape(config.model, config.t5, vocabulary.size, tp)
+    if special.vocab_size > vocabulary.size:
+        raise TrainConfigError(f"the tokenizer {config.data.tokenizer_model or config.data.vocab_file} has "
+                               f"{special.vocab_size} ids (with {len(special.sentinels)} sentinels) but the "
+                               f"model's vocab_size is {vocabulary.size}: its ids do not fit the model")
+    shape = t5_shape(config.model, config.t5, vocabulary.size, tp, config.moe)
     datasets = build_t5_training_datasets(config.data, config.t5, special, sizes)
     encoder, decoder = config.t5.encoder_seq_length, config.t5.decoder_seq_length
     return TrainingParts(vocabulary=vocabulary, shape=shape, datasets=datasets, collate=collate_t5,

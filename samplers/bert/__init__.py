@@ -1,0 +1,1 @@
+"""BERT masked-LM and sentence-order samples (megatron-core's `BERTMaskedWordPieceDataset`)."""

@@ -1,0 +1,67 @@
+"""GPT's samples in a training run: the samplers room's GPT datasets over the data blend, and micro-batches
+of them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from samplers import GPTDatasetConfig, build_gpt_datasets
+from trainer.config import DataConfig
+from trainer.data import IGNORE_INDEX, Vocabulary, check_data_files, check_token_ids, stack_sample_ids
+from trainer.errors import TrainConfigError
+
+
+@dataclass(slots=True)
+class GPTMicroBatch:
+    """One micro-batch: tokens, position_ids and loss targets, each int64 [micro_batch_size, seq]."""
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    targets: torch.Tensor
+    """Labels with IGNORE_INDEX where the loss mask is 0."""
+    sample_ids: torch.Tensor | None = None
+    """int64 [micro_batch_size]: the samples' ids in the run's global order (`trainer.data.stack_sample_ids`)."""
+
+    def to(self, device: torch.device) -> GPTMicroBatch:
+        return GPTMicroBatch(*(t if t is None else t.to(device, non_blocking=True)
+                               for t in (self.tokens, self.position_ids, self.targets, self.sample_ids)))
+
+
+def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, sizes: tuple[int, int, int]):
+    """The train, valid and test datasets (each None when empty and not asked for).
+
+    Args:
+        data: data settings.
+        seq_length: tokens per sample.
+        vocabulary: EOD and pad ids.
+        sizes: samples wanted per split.
+
+    Raises:
+        TrainConfigError: a prefix has no ``.bin``/``.idx`` or the split/blend is malformed.
+    """
+    prefixes, weights = check_data_files(data)
+    options = {"pad_id": vocabulary.pad_id} if vocabulary.pad_id is not None else {}
+    try:
+        config = GPTDatasetConfig(sequence_length=seq_length, random_seed=data.seed, blend=(prefixes, weights),
+                                  split=data.split, path_to_cache=data.data_cache_path, eod_id=vocabulary.eod_id,
+                                  **options)
+    except ValueError as error:
+        raise TrainConfigError(str(error)) from error
+    return build_gpt_datasets(config, sizes=sizes)
+
+
+def collate(items: list[dict[str, torch.Tensor]], vocab_size: int) -> GPTMicroBatch:
+    """Stack samplers' items into a `GPTMicroBatch`.
+
+    Raises:
+        TrainConfigError: a token id does not fit the model's vocabulary.
+    """
+    tokens = torch.stack([item["tokens"] for item in items]).long()
+    labels = torch.stack([item["labels"] for item in items]).long()
+    loss_mask = torch.stack([item["loss_mask"] for item in items])
+    check_token_ids(vocab_size, tokens, labels)
+    targets = labels.masked_fill(loss_mask == 0, IGNORE_INDEX)
+    position_ids = torch.stack([item["position_ids"] for item in items]).long()
+    return GPTMicroBatch(tokens=tokens, position_ids=position_ids, targets=targets, sample_ids=stack_sample_ids(items))

@@ -1,0 +1,224 @@
+"""This rank's share of the GPT for generation and scoring: a pipeline stage, tensor-parallel, in eval mode.
+
+It reuses the trainer's pieces (`split_stage`, `apply_tp` without sequence parallelism, the
+``(pp, dp, tp)`` mesh) and moves hidden states between pipeline stages with plain point-to-point
+sends in a fixed order, which gloo runs on CPU. The last stage picks the next tokens and broadcasts
+them over its pipeline group, so every rank leaves `next_tokens` with the same ids. `ShardedGPT.score`
+(evaluation) gives each position's log-probability of a target, the log-softmax taken over the vocabulary
+shards without gathering them (`vocab_parallel_scores`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from trainer.generation.kv_cache import KVCache
+from trainer.generation.layout import GenerationLayout
+from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
+from trainer.models.gpt.parallelize import apply_tp
+from trainer.models.gpt.pipeline import split_stage
+
+
+def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int) -> GenerationLayout:
+    """The layout of a GPT generation run, checked (heads, MLP, positions and vocabulary split over tp,
+    layers over pp).
+
+    Raises:
+        TrainConfigError: naming the size that does not divide.
+    """
+    split_by_tp = {"num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
+                   "max_position_embeddings": shape.max_position_embeddings,
+                   "the checkpoint's padded vocabulary": shape.padded_vocab_size}
+    return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, {"num_layers": shape.num_layers})
+
+
+class PretransposedHead(nn.Module):
+    """The output head as ``h @ W.T`` with ``W.T`` stored contiguous (a decoding-only copy).
+
+    While decoding, the head is a matrix-vector product over the whole vocabulary. On CPU that is
+    where ``F.linear`` is slowest: GPT-2's 50257 x 768 head at batch 1 on one thread takes ~12 ms
+    through ``F.linear`` and ~6 ms against a contiguous transpose (about a quarter of a GPT-2-small
+    step; benchmarks/generate.py times the whole loop).
+    """
+
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("weight_t", weight.detach().t().contiguous(), persistent=False)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return h @ self.weight_t
+
+
+class ShardedGPT:
+    """This rank's pipeline stage of ``GPT(shape)``, sharded over the tp ranks, ready to decode."""
+
+    def __init__(self, shape: GPTShape, vocab_size: int, layout: GenerationLayout, mesh: DeviceMesh | None,
+                 device: torch.device) -> None:
+        self.vocab_size = vocab_size
+        self.device = device
+        with torch.device(device):
+            model = GPT(shape)
+        self.pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
+        self.stage = split_stage(model, self.pp_rank, layout.pp) if layout.pp > 1 else model
+        if layout.tp > 1:
+            apply_tp(self.stage, mesh["tp"], sequence_parallel=False)
+        self.stage.eval()
+        self.is_first, self.is_last = self.pp_rank == 0, self.pp_rank == layout.pp - 1
+        self.pp_group = mesh.get_group("pp") if layout.pp > 1 else None
+        self.dp_group = mesh.get_group("dp") if mesh is not None and layout.dp > 1 else None
+        self.dp_rank = mesh.get_local_rank("dp") if mesh is not None else 0
+
+    def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
+        """Parameters under full-model names (a last stage's tied head copy is ``tok_embeddings.weight``)."""
+        named = []
+        for name, param in self.stage.named_parameters():
+            named.append((TIED_WEIGHT_NAME if name == TIED_COPY_NAME and self.stage.tok_embeddings is None else name,
+                          param))
+        return named
+
+    def finish_loading(self) -> None:
+        """Call once the weights are in place: on CPU, a plain (not tensor-parallel) head becomes a
+        `PretransposedHead` copy; parameters are not to be loaded again afterwards."""
+        head = self.stage.output
+        if self.device.type == "cpu" and isinstance(head, nn.Linear) and not isinstance(head.weight, DTensor):
+            self.stage.output = PretransposedHead(head.weight)
+
+    def _stage_rank(self, pp_rank: int) -> int:
+        return dist.get_global_rank(self.pp_group, pp_rank)
+
+    @torch.no_grad()
+    def next_tokens(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache,
+                    choose: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """Run ``tokens``/``positions`` (int64 [batch, n]) through the model and return the next tokens.
+
+        Args:
+            tokens: token ids [batch, n] (read by the first stage only).
+            positions: their position ids [batch, n].
+            cache: the KV cache, already advanced with ``cache.step(n)``.
+            choose: float logits [batch, vocab] -> int64 tokens [batch] (run on the last stage).
+
+        Returns:
+            int64 [batch], identical on every rank of the pipeline.
+        """
+        batch, n = tokens.shape
+        if self.is_first:
+            h = self.stage(tokens, positions, kv_cache=cache)
+        else:
+            h = torch.empty(batch, n, self.stage.shape.hidden_size, device=self.device)
+            dist.recv(h, src=self._stage_rank(self.pp_rank - 1), group=self.pp_group)
+            h = self.stage(h, None, kv_cache=cache)
+        if not self.is_last:
+            dist.send(h.contiguous(), dst=self._stage_rank(self.pp_rank + 1), group=self.pp_group)
+            chosen = torch.empty(batch, dtype=torch.int64, device=self.device)
+        else:
+            logits = h.full_tensor() if isinstance(h, DTensor) else h
+            chosen = choose(logits[:, -1, :self.vocab_size].float())
+        if self.pp_group is not None:
+            dist.broadcast(chosen, src=self._stage_rank(dist.get_world_size(self.pp_group) - 1), group=self.pp_group)
+        return chosen
+
+    @torch.no_grad()
+    def score(self, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, greedy: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced scores of a batch: each position's log-probability of its target, and whether
+        the target is the model's greedy choice there (collective over the model's tp and pp ranks).
+
+        Args:
+            tokens: int64 [batch, n] input ids (read by the first stage only).
+            positions: int64 [batch, n] their position ids.
+            targets: int64 [batch, n] the id each position should predict (any valid id where unscored).
+            greedy: find the argmax too (a pass over the logits that perplexity does without).
+
+        Returns:
+            (float32 [batch, n] log-probabilities, bool [batch, n] greedy hits: all False without
+            ``greedy``), identical on every rank of the pipeline.
+        """
+        batch, n = tokens.shape
+        if self.is_first:
+            h = self.stage(tokens, positions)
+        else:
+            h = torch.empty(batch, n, self.stage.shape.hidden_size, device=self.device)
+            dist.recv(h, src=self._stage_rank(self.pp_rank - 1), group=self.pp_group)
+            h = self.stage(h, None)
+        if not self.is_last:
+            dist.send(h.contiguous(), dst=self._stage_rank(self.pp_rank + 1), group=self.pp_group)
+            log_probs = torch.empty(batch, n, device=self.device)
+            hits = torch.empty(batch, n, dtype=torch.uint8, device=self.device)
+        else:
+            log_probs, hits = vocab_parallel_scores(h, targets, self.vocab_size, greedy)
+            hits = hits.to(torch.uint8)  # gloo broadcasts no bool tensors
+        if self.pp_group is not None:
+            last = self._stage_rank(dist.get_world_size(self.pp_group) - 1)
+            dist.broadcast(log_probs, src=last, group=self.pp_group)
+            dist.broadcast(hits, src=last, group=self.pp_group)
+        return log_probs, hits.bool()
+
+
+def vocab_parallel_scores(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, greedy: bool = True
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-probabilities of ``targets`` and whether each is the greedy (argmax) choice, over the real
+    vocabulary: the padded rows of the head never count.
+
+    Under tensor parallelism ``logits`` is a DTensor sharded over the vocabulary (the head's layout):
+    each rank reduces its own shard (its log-sum-exp, its best id, its slice of the target logit) and
+    three small all-reduces over the tp group combine them, so the full [batch, seq, vocab] logits are
+    never gathered. Ties in the argmax go to the lowest id, as ``torch.argmax`` does.
+
+    Args:
+        logits: [batch, seq, padded_vocab] (a plain tensor, or a DTensor sharded on its last dim).
+        targets: int64 [batch, seq], ids in [0, vocab_size).
+        vocab_size: the real vocabulary (columns at or past it are padding).
+        greedy: find the argmax (else the hits are all False, and one pass over the logits is saved).
+
+    Returns:
+        (float32 log-probabilities [batch, seq], bool greedy hits [batch, seq]).
+    """
+    group = None
+    if isinstance(logits, DTensor):
+        mesh = logits.device_mesh
+        group, local = mesh.get_group(), logits.to_local()
+        start = mesh.get_local_rank() * local.shape[-1]
+    else:
+        local, start = logits, 0
+    # A slice (a view): the padding columns of this shard are simply not looked at.
+    local = local[..., :max(0, min(local.shape[-1], vocab_size - start))].float()
+    width = local.shape[-1]
+    no_hits = torch.zeros(targets.shape, dtype=torch.bool, device=local.device)
+    if group is None:
+        # One fused log-softmax + gather (on CPU ~20% faster than logsumexp and a gather apart).
+        log_probs = -F.cross_entropy(local.flatten(0, -2), targets.flatten(), reduction="none").view(targets.shape)
+        return log_probs, (local.argmax(dim=-1) == targets if greedy else no_hits)
+    if width:
+        shard_lse = torch.logsumexp(local, dim=-1)
+        if greedy:
+            shard_max, shard_arg = local.max(dim=-1)
+    else:  # a shard made only of padding rows
+        shard_lse = shard_max = torch.full(targets.shape, -torch.inf, device=local.device)
+        shard_arg = torch.zeros(targets.shape, dtype=torch.int64, device=local.device)
+    in_shard = (targets >= start) & (targets < start + width)
+    target_logit = torch.zeros(targets.shape, device=local.device)
+    if width:
+        picked = local.gather(-1, (targets - start).clamp(0, width - 1)[..., None])[..., 0]
+        target_logit = torch.where(in_shard, picked, target_logit)
+    # log-sum-exp of the shards' log-sum-exps, shifted by their maximum for range.
+    top_lse = shard_lse.clone()
+    dist.all_reduce(top_lse, op=dist.ReduceOp.MAX, group=group)
+    total = torch.exp(shard_lse - top_lse)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    dist.all_reduce(target_logit, op=dist.ReduceOp.SUM, group=group)
+    log_probs = target_logit - (top_lse + torch.log(total))
+    if not greedy:
+        return log_probs, no_hits
+    best = shard_max.clone()
+    dist.all_reduce(best, op=dist.ReduceOp.MAX, group=group)
+    # The lowest id holding the global maximum: shards without it offer an id past every real one.
+    argmax = torch.where(shard_max == best, shard_arg + start, torch.full_like(shard_arg, vocab_size))
+    dist.all_reduce(argmax, op=dist.ReduceOp.MIN, group=group)
+    return log_probs, argmax == targets

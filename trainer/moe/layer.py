@@ -1,0 +1,121 @@
+"""`MoELayer`: a drop-in replacement of a family's feed-forward layer by a router and E experts.
+
+    layer = MoELayer(hidden_size=64, ffn_hidden_size=256, activation="gelu",
+                     settings=MoESettings(num_experts=8, top_k=2, aux_loss_coeff=0.01))
+    y = layer(x)  # x, y: [batch, seq, hidden]
+
+Forward: router logits (float32) -> top-k -> (capacity dropping) -> tokens sorted by expert -> (under
+expert parallelism: all-to-all to the experts' ranks) -> grouped GEMM -> back -> gated sum per token.
+The load-balancing and z-losses join the backward pass through the output (`trainer.auxiliary`), and the
+layer reports them with the dropped fraction and the expert loads (`auxiliary_metric_kinds`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from trainer.auxiliary import MAX, MEAN, MIN, AuxiliaryMetric, attach_auxiliary_loss
+from trainer.moe.dispatch import (
+    capacity_keep_mask,
+    combine,
+    expert_capacity,
+    plan_dispatch,
+    receive_from_experts,
+    send_to_experts,
+)
+from trainer.moe.experts import GroupedExperts
+from trainer.moe.router import Router, expert_counts, load_balancing_loss, route, z_loss
+from trainer.moe.settings import MoESettings
+
+AUX_LOSS, Z_LOSS = "moe_aux_loss", "moe_z_loss"
+DROPPED_FRACTION = "moe_dropped_fraction"
+MAX_LOAD, MIN_LOAD = "moe_max_expert_load", "moe_min_expert_load"
+METRIC_KINDS = {AUX_LOSS: MEAN, Z_LOSS: MEAN, DROPPED_FRACTION: MEAN, MAX_LOAD: MAX, MIN_LOAD: MIN}
+"""Aux and z-loss: per layer and micro-batch, coefficient included (their sum over layers is what the loss
+gains). Dropped fraction: of all assignments. Loads: assignments an expert's router sent it over the
+balanced share (T k / E), before dropping; the extremes over experts, layers and micro-batches."""
+
+
+def _recomputing() -> bool:
+    """True inside the backward pass: activation checkpointing re-running this forward (not a new one)."""
+    return torch._C._current_graph_task_id() != -1
+
+
+class MoELayer(nn.Module):
+    """Router and experts; parameters ``router.weight`` [E, hidden], ``experts.w1.weight`` [E, hidden, ffn],
+    ``experts.w2.weight`` [E, ffn, hidden] (and ``experts.w3.weight`` for a gated activation)."""
+
+    def __init__(self, hidden_size: int, ffn_hidden_size: int, activation: str, settings: MoESettings) -> None:
+        super().__init__()
+        self.settings = settings
+        self.router = Router(hidden_size, settings.num_experts)
+        self.experts = GroupedExperts(settings.num_experts, hidden_size, ffn_hidden_size, activation)
+        self.ep_group: dist.ProcessGroup | None = None
+        """Set by `trainer.moe.parallel.apply_ep`: the experts are sharded over this group's ranks."""
+        self.auxiliary_loss_scale = 1.0
+        self._records: list[dict[str, AuxiliaryMetric]] = []
+        """One entry per forward pass (recomputations excluded)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x [..., hidden] -> [..., hidden] (zero for the tokens whose every assignment was dropped)."""
+        s = self.settings
+        tokens = x.reshape(-1, x.shape[-1])
+        logits = self.router(self._jitter(tokens))
+        routing = route(logits, s.top_k, s.pre_softmax)
+        counts = expert_counts(routing.experts, s.num_experts)
+        keep = None
+        if s.capacity_factor is not None:
+            capacity = expert_capacity(len(tokens), s.top_k, s.num_experts, s.capacity_factor)
+            keep = capacity_keep_mask(routing.experts, s.num_experts, capacity)
+        dispatch = plan_dispatch(routing.experts, routing.weights, keep, s.num_experts)
+        rows = tokens[dispatch.token_index]
+        if self.ep_group is None:
+            outputs = self.experts(rows, dispatch.counts)
+        else:
+            received, local_counts, exchange = send_to_experts(rows, dispatch.counts, self.ep_group)
+            outputs = receive_from_experts(self.experts(received, local_counts), exchange, self.ep_group)
+        out = combine(outputs, dispatch, len(tokens)).view_as(x)
+        aux = s.aux_loss_coeff * load_balancing_loss(routing.probs, counts, s.top_k)
+        z = s.z_loss_coeff * z_loss(logits)
+        if self.training:
+            out = attach_auxiliary_loss(out, aux + z, self.auxiliary_loss_scale)
+        if not _recomputing():
+            self._record(aux, z, counts, len(tokens) * s.top_k - len(dispatch.token_index))
+        return out
+
+    def _jitter(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The router's input: ``tokens`` times uniform(1 - eps, 1 + eps) noise in training (``input_jitter_eps``)."""
+        eps = self.settings.input_jitter_eps
+        if not self.training or not eps:
+            return tokens
+        return tokens * torch.empty_like(tokens).uniform_(1.0 - eps, 1.0 + eps)
+
+    def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor, dropped: int) -> None:
+        assignments = int(counts.sum())
+        load = counts.double() * (counts.numel() / max(assignments, 1))
+        values = {AUX_LOSS: AuxiliaryMetric(float(aux.detach())), Z_LOSS: AuxiliaryMetric(float(z.detach())),
+                  DROPPED_FRACTION: AuxiliaryMetric(float(dropped), float(assignments)),
+                  MAX_LOAD: AuxiliaryMetric(float(load.max())), MIN_LOAD: AuxiliaryMetric(float(load.min()))}
+        self._records.append(values)
+
+    def auxiliary_metric_kinds(self) -> dict[str, str]:
+        return dict(METRIC_KINDS)
+
+    def pop_auxiliary_metrics(self, last_forwards: int | None = None) -> dict[str, AuxiliaryMetric]:
+        """The records of this layer's last ``last_forwards`` forward passes (all if None) since the last call,
+        merged per metric; everything recorded is forgotten."""
+        kept = self._records if last_forwards is None else self._records[max(0, len(self._records) - last_forwards):]
+        merged: dict[str, AuxiliaryMetric] = {}
+        for name, kind in METRIC_KINDS.items():
+            records = [forward[name] for forward in kept]
+            if not records:
+                continue
+            if kind == MEAN:
+                merged[name] = AuxiliaryMetric(sum(r.value for r in records), sum(r.weight for r in records))
+            else:
+                pick = max if kind == MAX else min
+                merged[name] = AuxiliaryMetric(pick(r.value for r in records))
+        self._records = []
+        return merged

@@ -1,0 +1,69 @@
+"""`MoESettings`: what makes a family's feed-forward layers mixtures of experts (part of its resolved shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from trainer.errors import TrainConfigError
+
+if TYPE_CHECKING:  # annotation only: trainer.config imports the model registry, whose families import this
+    from trainer.config import MoEConfig
+
+# Megatron's --moe-router-topk: top-1 (Switch) and top-2 (GShard) are the routings we implement.
+TOP_K_CHOICES = (1, 2)
+
+
+@dataclass(frozen=True, slots=True)
+class MoESettings:
+    """Router, capacity and placement of the expert layers (Megatron's ``--moe-*`` flags)."""
+
+    num_experts: int
+    """Experts per MoE layer (all expert-parallel ranks together)."""
+    top_k: int = 2
+    """Experts each token is sent to (1: Switch, 2: GShard/Megatron's default)."""
+    pre_softmax: bool = False
+    """Softmax over all experts, then top-k (weights not renormalised: Switch); else top-k of the logits,
+    then softmax over the k chosen (Megatron's default)."""
+    aux_loss_coeff: float = 0.0
+    """Weight of the Switch/GShard load-balancing loss E * sum_e f_e P_e added to the training loss."""
+    z_loss_coeff: float = 0.0
+    """Weight of the router z-loss mean(logsumexp(logits)^2) (ST-MoE) added to the training loss."""
+    capacity_factor: float | None = None
+    """Tokens an expert takes per micro-batch: ceil(factor x tokens x top_k / experts); assignments past it are
+    dropped (the token's residual passes through). None: dropless."""
+    layer_freq: int = 1
+    """Every k-th feed-forward layer is a MoE layer, from layer 0 (Megatron's --moe-layer-freq)."""
+    input_jitter_eps: float | None = None
+    """Training only: the router sees its input times uniform(1 - eps, 1 + eps) noise (Switch's, DeepSpeed's
+    ``noisy_gate_policy='Jitter'``, Megatron's --moe-input-jitter-eps); the experts see the input unchanged."""
+
+    def __post_init__(self) -> None:
+        if self.top_k not in TOP_K_CHOICES:
+            raise ValueError(f"top_k must be one of {TOP_K_CHOICES}, got {self.top_k}")
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Whether feed-forward layer ``index`` (0-based, within its stack) is a MoE layer."""
+        return index % self.layer_freq == 0
+
+
+def moe_settings(moe: MoEConfig) -> MoESettings | None:
+    """The settings a `trainer.config.MoEConfig` section gives a family's shape; None for a dense model."""
+    if moe.num_experts is None:
+        return None
+    return MoESettings(num_experts=moe.num_experts, top_k=moe.moe_router_topk, pre_softmax=moe.moe_router_pre_softmax,
+                       aux_loss_coeff=moe.moe_aux_loss_coeff, z_loss_coeff=moe.moe_z_loss_coeff,
+                       capacity_factor=moe.moe_expert_capacity_factor, layer_freq=moe.moe_layer_freq,
+                       input_jitter_eps=moe.moe_input_jitter_eps)
+
+
+def check_family_has_experts(num_experts: int | None, shape: object, family: str) -> None:
+    """Refuse experts for a family whose shape has no ``moe`` field (its MLPs would silently stay dense).
+
+    Raises:
+        TrainConfigError: ``num_experts`` is set and the family's shape cannot hold them.
+    """
+    if num_experts is not None and not hasattr(shape, "moe"):
+        raise TrainConfigError(f"num_experts ({num_experts}): model {family} has no mixture-of-experts variant")
