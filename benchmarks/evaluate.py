@@ -7,12 +7,20 @@ A GPT2LMHeadModel of the given shape (GPT-2's vocabulary and tokenizer files fro
 weights from a seeded generator) is saved with save_pretrained; the text is ``data_test/evaluate``'s
 WikiText-like sample repeated to ``--tokens`` tokens. Both sides score the same windows (Megatron's:
 ``--seq-length`` inputs, ``--overlapping-eval`` targets per window after the first) in batches of
-``--batch-size`` on the same weights with the same torch thread count: ours through
-`trainer.evaluation.perplexity.evaluate_perplexity` (tokenising, windows, scoring), transformers through
-its forward on the same windows with the logits' log-softmax gathered at the targets (tokenising with
-its GPT2TokenizerFast included). Runs alternate ours/theirs after one warm-up each; figures are medians
-of ``--repeats``; model loading is not timed. The two perplexities are checked equal (relative 1e-5)
-before anything is reported. Prints one JSON line.
+``--batch-size`` on the same weights with the same torch thread count, each side computing only what it
+reads:
+
+- ours: `trainer.evaluation.perplexity.evaluate_perplexity` (tokenising, windows, scoring): the blocks over
+  every position, the final norm, head and log-softmax over the scored positions only (the first window's
+  all, a later window's last ``--overlapping-eval``), in chunks of about 16 MiB of logits;
+- transformers: tokenising with its GPT2TokenizerFast, then ``GPT2LMHeadModel(inputs, logits_to_keep=K)``
+  on the same windows, its own way to skip the head where nothing is read (K: the batch's scored positions
+  counted from the end; all of them in a batch holding the first window), and one fused
+  ``F.cross_entropy`` over those logits, summed over the scored targets.
+
+Runs alternate ours/theirs after one warm-up each; figures are medians of ``--repeats``; model loading is not
+timed. The two perplexities are checked equal (relative 1e-5) before anything is reported. Prints one JSON
+line. Needs transformers >= 4.50 (``logits_to_keep``).
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from trainer.evaluation.detokenize import detokenize_wikitext
 from trainer.evaluation.perplexity import evaluate_perplexity, lm_windows
@@ -69,15 +78,18 @@ def write_text(path: Path, num_tokens: int) -> Path:
 def transformers_ppl(model, tokenizer, path: Path, seq_length: int, overlap: int, batch_size: int) -> float:
     tokens = np.array(tokenizer(detokenize_wikitext(path.read_text(encoding="utf-8"))).input_ids, dtype=np.int64)
     rows = lm_windows(tokens, seq_length, overlap, EOT)
-    total = 0.0
+    total_nll = 0.0
     for start in range(0, len(rows), batch_size):
         batch = rows[start:start + batch_size]
         ids = torch.from_numpy(np.stack([row.ids for row in batch]))
-        logits = model(ids[:, :-1]).logits.float()
-        log_probs = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None])[..., 0]
+        # Logits of the last `keep` positions only: every scored target of the batch lies among them.
+        keep = seq_length - min(row.first for row in batch)
+        logits = model(ids[:, :-1], logits_to_keep=keep).logits.float()
+        nll = F.cross_entropy(logits.flatten(0, 1), ids[:, -keep:].flatten(), reduction="none").view(len(batch), keep)
+        offset = seq_length - keep
         for slot, row in enumerate(batch):
-            total += float(log_probs[slot, row.first:row.last].double().sum())
-    return math.exp(-total / (len(tokens) - 1))
+            total_nll += float(nll[slot, row.first - offset:row.last - offset].double().sum())
+    return math.exp(total_nll / (len(tokens) - 1))
 
 
 def main(argv: list[str] | None = None) -> int:

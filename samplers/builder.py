@@ -147,15 +147,10 @@ class _Builder:
             size, exhaustive = sum(shares), False
         else:
             members = [self.mid_level(p, split, range_of, None) for p in prefixes]
-            lengths = [len(member) if member is not None else 0 for member in members]
-            if sum(lengths) == 0:
-                if size:
-                    raise EmptySplitError(f"the {name} split of the blend has no samples, but {size} were requested",
-                                          split=name)
+            plan = size_weighted_blend([len(member) if member is not None else 0 for member in members], size, name)
+            if plan is None:
                 return None
-            exhaustive = size is None
-            size = sum(lengths) if exhaustive else min(size, sum(lengths))
-            weights = lengths if exhaustive else normalize_weights(lengths)
+            weights, size, exhaustive = plan
         description = {
             "class": "BlendedDataset",
             "format": CACHE_FORMAT,
@@ -176,6 +171,25 @@ class _Builder:
         arrays = self.cache(prefixes[0]).load_or_build(f"blend-{name}", description, BLEND_INDEX_KINDS, build)
         _check_member_sizes(members, arrays["dataset_index"], name)
         return BlendedSplit(members, name, arrays["dataset_index"], arrays["dataset_sample_index"])
+
+
+def size_weighted_blend(lengths: Sequence[int], size: Optional[int],
+                        split_name: str) -> Optional[tuple[list[float], int, bool]]:
+    """(weights, size, exhaustive) of a blend without weights, whose members hold ``lengths`` samples: every
+    sample once (exhaustive) when no size is asked, else ``size`` (at most all) in proportion to the lengths;
+    None when the members hold no sample and none is asked.
+
+    Raises:
+        EmptySplitError: samples asked of members that hold none.
+    """
+    if sum(lengths) == 0:
+        if size:
+            raise EmptySplitError(f"the {split_name} split of the blend has no samples, but {size} were requested",
+                                  split=split_name)
+        return None
+    if size is None:
+        return list(lengths), sum(lengths), True
+    return normalize_weights(lengths), min(size, sum(lengths)), False
 
 
 def _check_member_sizes(members: Sequence[Optional[MidLevelSplit]], dataset_index: np.ndarray, split_name: str) -> None:

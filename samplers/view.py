@@ -1,22 +1,22 @@
 """`inspect-index`'s training view, the samplers side: its configuration and the sample kinds it can show.
 
-    kind = sample_kind("t5")                 # "gpt": token sequences; "t5": span corruption
+    kind = sample_kind("t5")                 # "gpt": token sequences; "t5": span corruption; "bert": masked LM
     view = kind.module().training_view(data, TrainingViewConfig(sequence_length=512, model="t5"), tokens)
     print(kind.module().format_training_view(view, config))
 
 Each kind is a module `samplers.<kind>.view` with `training_view(data, config, tokens) -> list[dict | None]`
 (one JSON-ready entry per split, None for an absent split) and `format_training_view(view, config) -> str`.
-A kind's module is imported on first use (T5's loads torch). The view never sees a tokenizer class: the
-caller hands it a `ViewTokens` (decode, and the special ids on demand), so this room needs no tokenizer code.
+A kind's module is imported on first use (T5's and BERT's load torch). The view never sees a tokenizer class:
+the caller hands it a `ViewTokens` (decode, and on demand a `ViewVocabulary`: the run's vocabulary as names
+and roles), so this room needs no tokenizer code and the caller no kind's conventions.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Protocol
 
 from .splits import DEFAULT_SPLIT
 
@@ -25,6 +25,8 @@ DEFAULT_SEED = 1234
 # Megatron's T5 defaults: `--decoder-seq-length 128`, `--vocab-extra-ids 100`.
 DEFAULT_DECODER_SEQ_LENGTH = 128
 DEFAULT_VOCAB_EXTRA_IDS = 100
+# Megatron's BERT default: `--mask-prob 0.15`.
+DEFAULT_MASK_PROB = 0.15
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,8 @@ class SampleKind:
 SAMPLE_KINDS = {kind.name: kind for kind in (
     SampleKind("gpt", "samplers.gpt.view", blends=True, tokenizer_use=None),
     SampleKind("t5", "samplers.t5.view", blends=False, tokenizer_use="its pad, EOS and sentinel ids"),
+    SampleKind("bert", "samplers.bert.view", blends=False,
+               tokenizer_use="its WordPiece pieces: [CLS], [SEP], [MASK], [PAD] and the ## continuations"),
 )}
 
 
@@ -62,13 +66,34 @@ def sample_kind(name: str) -> SampleKind:
     return SAMPLE_KINDS[name]
 
 
-class SpecialIds(Protocol):
-    """The special token ids a span-corruption sample is built from (`preprocess.tokenizers.t5.T5SpecialIds`)."""
+@dataclass(frozen=True)
+class ViewVocabulary:
+    """The run's vocabulary as the training view sees it: token names and special roles, no tokenizer code."""
 
-    pad: int
-    eos: int
-    decoder_start: int
-    sentinels: tuple[int, ...]
+    size: int
+    """Ids are < size: the tokenizer's own, then the tokens the run appends (Megatron's [BOS]/[EOS], sentinels)."""
+    names: Mapping[str, int]
+    """Piece (token name) -> id of every named token: the tokenizer's pieces where it lists them, and every
+    appended token (sentinel k as `<extra_id_k>`)."""
+    roles: Mapping[str, int]
+    """Role -> id of the special tokens the tokenizer defines: "pad", "eos", "decoder_start"."""
+
+    def role(self, name: str) -> int:
+        """The id of special role `name`.
+
+        Raises:
+            ValueError: the vocabulary has no such token.
+        """
+        if name not in self.roles:
+            raise ValueError(f"the tokenizer has no {name} token")
+        return self.roles[name]
+
+    def numbered(self, pattern: str) -> tuple[int, ...]:
+        """Ids of `pattern.format(0)`, `pattern.format(1)`, ... while the vocabulary names them (sentinels)."""
+        ids: list[int] = []
+        while pattern.format(len(ids)) in self.names:
+            ids.append(self.names[pattern.format(len(ids))])
+        return tuple(ids)
 
 
 @dataclass(frozen=True)
@@ -77,9 +102,9 @@ class ViewTokens:
 
     decode: Callable[[list[int]], str]
     """Token ids -> text."""
-    special_ids: Callable[[int], SpecialIds]
-    """`vocab_extra_ids` -> the special ids; called only by the kinds that need them (it may refuse a
-    tokenizer without that convention)."""
+    vocabulary: Callable[[int], ViewVocabulary]
+    """`vocab_extra_ids` (sentinels appended to a vocabulary without any) -> the run's vocabulary; called only
+    by the kinds that need it (it may refuse a tokenizer without a known special-token convention)."""
 
 
 @dataclass(kw_only=True, slots=True, frozen=True)
@@ -94,6 +119,10 @@ class TrainingViewConfig:
     """T5: decoder positions (`--decoder-seq-length`)."""
     vocab_extra_ids: int = DEFAULT_VOCAB_EXTRA_IDS
     """T5: sentinels added to a vocabulary that has none (`--vocab-extra-ids`)."""
+    binary_head: bool = True
+    """BERT: sentence-order samples, two segments swapped half the time (`--bert-no-binary-head` turns it off)."""
+    mask_prob: float = DEFAULT_MASK_PROB
+    """BERT: fraction of a sample's tokens masked (`--mask-prob`)."""
     split: str = DEFAULT_SPLIT
     """Split weights such as "949,50,1"."""
     seed: int = DEFAULT_SEED

@@ -36,16 +36,17 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, E
 from indexed_dataset.cli_support import Interrupted, run_command
 from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.config import TOKENIZER_FILE_FIELDS
-from trainer.cli_args import build_parser, config_from_args, environment_defaults
+from trainer.cli_args import build_parser, config_from_args, environment_defaults, option_name
 from trainer.cli_flags import flags_in_message
 from trainer.config import TrainConfig
 from trainer.config_file import argv_with_config_file
 from trainer.data import check_data_files
 from trainer.distributed import launch, under_launcher
+from trainer.errors import TrainConfigError
 from trainer.checkpoint import check_load_path
 from trainer.hf_convert import checkpoint_train_defaults
 from trainer.parallel_dims import resolve_parallel_dims
-from trainer.models import spec_for_hf_directory
+from trainer.models import model_spec, spec_for_hf_directory
 from trainer.train import train
 
 PROG = "train"
@@ -161,7 +162,8 @@ def _main(argv: list[str] | None) -> int:
         return EXIT_USAGE
     args = parser.parse_args(argv)
     try:
-        config = config_from_args(args)
+        config = config_from_args(args)  # first: a value out of range is wrong whatever the family
+        refuse_unused_flags(argv, args.model)
     except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_USAGE
@@ -191,6 +193,30 @@ def _main(argv: list[str] | None) -> int:
         _fail(str(error))
         return EXIT_ERROR
     return 0
+
+
+def given_fields(argv: list[str]) -> set[str]:
+    """The `TrainConfig` fields the flags of ``argv`` set (aliases included), whatever their values: what the
+    user gave, unlike defaults (a ``--load-hf`` directory's, the environment's)."""
+    parser = build_parser()
+    for action in parser._actions:  # (not set_defaults: argparse would type-convert its "==SUPPRESS==")
+        action.default = argparse.SUPPRESS
+    known, _ = parser.parse_known_args(argv)
+    return set(vars(known))
+
+
+def refuse_unused_flags(argv: list[str], model: str) -> None:
+    """Refuse the flags of ``argv`` that family ``model`` never reads (`ModelSpec.unused_fields`): a run that
+    ignored them would not be the run the user asked for.
+
+    Raises:
+        TrainConfigError: naming every such flag.
+    """
+    given = given_fields(argv)
+    unused = [option_name(name) for name in model_spec(model).unused_fields if name in given]
+    if unused:
+        verb = "does" if len(unused) == 1 else "do"
+        raise TrainConfigError(f"{', '.join(unused)} {verb} not apply to model {model}")
 
 
 def _warn_about(config: TrainConfig) -> None:

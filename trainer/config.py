@@ -120,7 +120,8 @@ class ModelConfig:
     seq_length: int = flag(1024, valid=AT_LEAST_ONE)
     """Tokens per training sample."""
     max_position_embeddings: int | None = flag(None, valid=AT_LEAST_ONE)
-    """Rows of the learned position table; default seq_length."""
+    """Rows of the learned position table (gpt, bert), at least seq_length; default seq_length. T5 (relative
+    positions, no table) checks it as Megatron does: at least encoder_seq_length and decoder_seq_length."""
     vocab_size: int | None = flag(None, valid=AT_LEAST_ONE)
     """Vocabulary size before padding; default the tokenizer's."""
     make_vocab_size_divisible_by: int = flag(DEFAULT_DIVISIBLE_BY, valid=AT_LEAST_ONE)
@@ -145,11 +146,12 @@ class ModelConfig:
                                    f"num_attention_heads ({self.num_attention_heads})")
         if self.ffn_hidden_size is None:
             self.ffn_hidden_size = 4 * self.hidden_size
-        if self.max_position_embeddings is None:
-            self.max_position_embeddings = self.seq_length
-        if self.max_position_embeddings < self.seq_length:
-            raise TrainConfigError(f"max_position_embeddings ({self.max_position_embeddings}) is smaller than "
-                                   f"seq_length ({self.seq_length})")
+        # max_position_embeddings stays None when not given: what it must cover is the family's (its
+        # layout_rules check it), and T5's lengths are not seq_length.
+
+    def positions(self) -> int:
+        """Rows of a learned position table: max_position_embeddings, default seq_length."""
+        return self.max_position_embeddings or self.seq_length
 
 
 @dataclass(kw_only=True, slots=True)
@@ -233,6 +235,9 @@ class TrainingConfig:
     """Recompute each block's activations in the backward pass (saves memory)."""
     compile: bool = False
     """torch.compile each transformer block (inductor; the first steps pay the compile time)."""
+    deepspeed_config: str | None = flag(None, "--deepspeed_config")
+    """DeepSpeed JSON config whose batch, precision, ZeRO, optimiser and scheduler keys set our flags
+    (`trainer.deepspeed_config`); flags on the command line win."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -330,7 +335,14 @@ class ParallelismConfig:
     sequence_parallel: bool = False
     """Shard norms and dropout along the sequence over the tensor-parallel ranks."""
     use_distributed_optimizer: bool = False
-    """Shard parameters, gradients and optimiser state over data-parallel ranks (FSDP2)."""
+    """Shard the optimiser state over data-parallel ranks: zero_stage 1, as Megatron's flag (MindFormers:
+    optimizer_shard)."""
+    zero_stage: int = flag(0, "--zero_stage", valid=Range(0, 3))
+    """DeepSpeed's ZeRO stage over data-parallel ranks: 0 replicates everything, 1 shards the optimiser state,
+    2 also the gradients, 3 also the parameters (FSDP2); pipeline parallelism takes 0 or 1."""
+    cpu_offload: bool = flag(False, "--cpu_adam")
+    """Keep the optimiser state and master weights on the CPU and step there (DeepSpeed's offload_optimizer,
+    ZeRO-Offload); needs zero_stage >= 1."""
     keyed_dropout: bool = False
     """Draw dropout masks from a hash of (seed, sample, layer, position, head/feature) instead of the random
     stream, so that every tensor/pipeline/data-parallel layout drops the same elements and gives the same
@@ -342,6 +354,15 @@ class ParallelismConfig:
         self.pipeline_model_parallel_size = max(self.pipeline_model_parallel_size, 1)
         if self.num_layers_per_virtual_pipeline_stage is not None and self.pipeline_schedule != "interleaved":
             raise TrainConfigError("num_layers_per_virtual_pipeline_stage needs pipeline_schedule interleaved")
+        if self.use_distributed_optimizer:
+            self.zero_stage = max(self.zero_stage, 1)
+        if self.zero_stage > 1 and self.pipeline_model_parallel_size > 1:
+            # DeepSpeed's rule too: sharded gradients (and parameters) would be reduced (gathered) once per
+            # micro-batch of the schedule.
+            raise TrainConfigError(f"zero_stage {self.zero_stage} does not combine with pipeline_model_parallel_size "
+                                   f"({self.pipeline_model_parallel_size}) > 1: use zero_stage 0 or 1")
+        if self.cpu_offload and self.zero_stage == 0:
+            raise TrainConfigError("cpu_offload needs zero_stage >= 1 (DeepSpeed's offload_optimizer is a ZeRO option)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -405,6 +426,9 @@ class LoggingConfig:
     """Also write TensorBoard scalars here (needs tensorboard installed)."""
     metrics_file: str | None = None
     """JSON-lines metrics file; default <save>/metrics.jsonl, none without --save."""
+    print_memory: bool = flag(False, "--print_memory")
+    """After the first step, log each rank's bytes in parameters, gradients and optimiser state (device and
+    CPU apart) and its peak memory, and write a memory record to the metrics file."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -478,8 +502,13 @@ class MoEConfig:
     moe_expert_capacity_factor: float | None = flag(None, "--moe-train-capacity-factor", valid=POSITIVE)
     """Expert capacity as a multiple of the balanced share; assignments past it are dropped (residual
     only); none: dropless."""
+    moe_expert_capacity: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Assignments an expert takes per sequence, first come first kept (Hugging Face Switch Transformers'
+    expert_capacity); none: see moe_expert_capacity_factor."""
     moe_layer_freq: int = flag(1, valid=AT_LEAST_ONE)
-    """Every k-th feed-forward layer (from the first) is a MoE layer; Switch Transformers use 2."""
+    """Every k-th feed-forward layer (from moe_layer_offset) is a MoE layer; Switch Transformers use 2."""
+    moe_layer_offset: int = flag(0, valid=NON_NEGATIVE)
+    """The first MoE layer of a stack (Switch Transformers: 1)."""
     moe_input_jitter_eps: float | None = flag(None, valid=Range(0, 1, low_open=True, high_open=True))
     """Training: multiply the router's input by uniform(1-eps, 1+eps) noise (Switch; DeepSpeed's
     noisy_gate_policy Jitter); none: no noise."""
@@ -492,6 +521,9 @@ class MoEConfig:
             raise TrainConfigError(f"moe_router_topk ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
         if self.num_experts is None and self.expert_model_parallel_size > 1:
             raise TrainConfigError(f"expert_model_parallel_size ({self.expert_model_parallel_size}) needs num_experts")
+        if self.moe_expert_capacity is not None and self.moe_expert_capacity_factor is not None:
+            raise TrainConfigError(f"moe_expert_capacity ({self.moe_expert_capacity}) and moe_expert_capacity_factor "
+                                   f"({self.moe_expert_capacity_factor}) exclude each other")
 
 
 @dataclass(kw_only=True, slots=True)

@@ -20,9 +20,12 @@ from typing import Any
 import yaml
 
 from indexed_dataset.cli_parser import CommandParser, nearest_option
+from trainer.deepspeed_config import read_deepspeed_config
 from trainer.errors import TrainConfigError
 
 CONFIG_FLAG = "--config"
+# `trainer.config.TrainingConfig.deepspeed_config`'s spellings.
+DEEPSPEED_CONFIG_FLAGS = ("--deepspeed-config", "--deepspeed_config")
 
 
 def config_file_of(argv: list[str]) -> str | None:
@@ -33,13 +36,25 @@ def config_file_of(argv: list[str]) -> str | None:
     return known.config
 
 
+def deepspeed_config_of(argv: list[str]) -> str | None:
+    """The ``--deepspeed-config FILE`` (or ``--deepspeed_config``) of ``argv`` (the last one), or None."""
+    finder = CommandParser(add_help=False)
+    finder.add_argument(*DEEPSPEED_CONFIG_FLAGS, dest="deepspeed_config")
+    known, _ = finder.parse_known_args(argv)
+    return known.deepspeed_config
+
+
 def argv_with_config_file(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """``argv`` preceded by the flags of its ``--config`` file (``argv`` itself without one).
+    """``argv`` preceded by the flags of its ``--config`` file and, before those, of its
+    ``--deepspeed-config`` file (`trainer.deepspeed_config`); ``argv`` itself without either.
 
     Raises:
         TrainConfigError: the file cannot be read, is not a YAML mapping, has an unknown key or a value
-            its flag refuses.
+            its flag refuses (a DeepSpeed file: a key without an equivalent).
     """
+    deepspeed = deepspeed_config_of(argv)
+    if deepspeed is not None:
+        argv = read_deepspeed_config(deepspeed) + argv
     path = config_file_of(argv)
     if path is None:
         return argv

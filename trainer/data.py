@@ -64,7 +64,8 @@ def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
     """The vocabulary size (an explicit ``vocab_size`` wins) and EOD/pad ids from the tokenizer files.
 
     Raises:
-        TrainConfigError: neither a vocabulary size nor tokenizer files are given.
+        TrainConfigError: neither a vocabulary size nor tokenizer files are given, or the tokenizer has more
+            ids than an explicit ``vocab_size``.
     """
     files = {name: getattr(data, name) for name in ("vocab_file", "merge_file", "tokenizer_model")
              if getattr(data, name) is not None}
@@ -79,6 +80,11 @@ def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
         tokenizer = build_tokenizer(TokenizerConfig(tokenizer_type=data.tokenizer_type, **files))
     except ValueError as error:
         raise TrainConfigError(str(error)) from error
+    if vocab_size is not None and tokenizer.vocab_size > vocab_size:
+        # A --load-hf model (or --vocab-size) smaller than the tokenizer: its ids past the model's rows
+        # would be refused mid-run, or silently trained on padding rows.
+        raise TrainConfigError(f"the tokenizer {data.tokenizer_model or data.vocab_file} has {tokenizer.vocab_size} "
+                               f"ids but the model's vocab_size is {vocab_size}: its ids do not fit the model")
     return Vocabulary(size=vocab_size or tokenizer.vocab_size, eod_id=tokenizer.eod, pad_id=tokenizer.pad)
 
 

@@ -9,16 +9,19 @@ for, the others wait for node 0 to listen; after ``dist_timeout`` seconds either
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+import torch.distributed.launcher.api as launcher_api
+from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.launcher.api import LaunchConfig as ElasticLaunchConfig
 from torch.distributed.launcher.api import elastic_launch
 
@@ -77,6 +80,50 @@ def under_launcher() -> bool:
     return dist.is_initialized() or "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
+# Store key of the second phase of the agents' exit barrier (`_StoreHostLeavesLast`), and how often the store's
+# host looks at it.
+_LEFT_EXIT_BARRIER_KEY = "tokenmill/agents_left_exit_barrier"
+_EXIT_POLL_S = 0.05
+
+
+class _StoreHostLeavesLast(LocalElasticAgent):
+    """torch's node agent, except that the agent hosting the rendezvous store (group rank 0, node 0) leaves the
+    exit barrier only after every other agent has left it.
+
+    In torch's barrier the last agent to arrive sets a key the others wait for. When that is node 0, it
+    returns at once and its process exits, closing the store, while another node's agent may still be
+    waiting for the store's reply: that node then prints a C++ stack trace and "Error waiting on exit
+    barrier" although every worker succeeded. Here each agent checks out after the barrier, and node 0
+    waits for all check-outs (at most the barrier's own timeout) before it lets the store go.
+    """
+
+    def _exit_barrier(self) -> None:
+        super()._exit_barrier()
+        group = self._worker_group
+        if group.group_world_size == 1:
+            return
+        try:
+            self._store.add(_LEFT_EXIT_BARRIER_KEY, 1)
+            if group.group_rank == 0:
+                deadline = time.monotonic() + self._exit_barrier_timeout
+                while (self._store.add(_LEFT_EXIT_BARRIER_KEY, 0) < group.group_world_size
+                       and time.monotonic() < deadline):
+                    time.sleep(_EXIT_POLL_S)
+        except dist.DistError as error:  # a node went away after its workers finished: nothing left to do
+            logger.warning("node %d: leaving the exit barrier without the other nodes (%s)", group.group_rank, error)
+
+
+@contextlib.contextmanager
+def _agents_leave_store_host_last() -> Iterator[None]:
+    """`elastic_launch` with `_StoreHostLeavesLast` as its node agent (torch's launcher takes no agent class)."""
+    original = launcher_api.LocalElasticAgent
+    launcher_api.LocalElasticAgent = _StoreHostLeavesLast
+    try:
+        yield
+    finally:
+        launcher_api.LocalElasticAgent = original
+
+
 def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object) -> dict[int, int]:
     """Run ``entrypoint(*args)`` in ``num_gpus_per_node`` processes on this node.
 
@@ -102,7 +149,8 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object) 
     if config.num_nodes > 1:
         _announce_or_await_node_0(config)
     try:
-        return elastic_launch(elastic, entrypoint)(*args)
+        with _agents_leave_store_host_last():
+            return elastic_launch(elastic, entrypoint)(*args)
     except dist.DistError as error:  # the rendezvous store timed out: not every node came
         raise RendezvousError(_rendezvous_failure(config, error)) from None
 

@@ -15,28 +15,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
-import sys
-
-import torch
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from indexed_dataset.cli_parser import CommandParser
-from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
-from trainer.cli_flags import flags_in_message
+from trainer.collective_cli import (
+    EXIT_USAGE,
+    CollectiveCommand,
+    add_layout_arguments,
+    check_tokenizer_flags,
+    launch_config_from_args,
+    run_collective,
+)
 from trainer.config import LaunchConfig
-from trainer.distributed import launch, under_launcher
 from trainer.evaluation.detokenize import AUTO, DETOKENIZERS
 from trainer.evaluation.evaluate import TASKS, EvaluateConfig, check_evaluation, evaluate
 from trainer.evaluation.scoring import EvalModelConfig
 from trainer.hf_files import is_hf_directory
 
 PROG = "evaluate"
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-DEFAULT_MASTER_PORT = 29500
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -64,13 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass on one data-parallel replica")
     parser.add_argument("--json", action="store_true", help="print only the final JSON line (no progress bar)")
     add_tokenizer_arguments(parser, required=False)
-    layout = parser.add_argument_group("parallelism")
-    layout.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel degree")
-    layout.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline-parallel degree")
-    layout.add_argument("--nproc-per-node", type=int, default=1, help="processes to start on this node")
-    layout.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT,
-                        help="rendezvous port on this machine, with --nproc-per-node > 1")
-    layout.add_argument("--device", choices=("cpu", "cuda"), help="default cuda when available")
+    add_layout_arguments(parser)
     return parser
 
 
@@ -80,12 +70,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[EvaluateConfig, LaunchCo
     Raises:
         ValueError: a flag value is invalid (TrainConfigError included).
     """
-    if args.tokenizer_type is None:
-        options = {"--vocab-file": args.vocab_file, "--merge-file": args.merge_file,
-                   "--tokenizer-model": args.tokenizer_model, "--vocab-size": args.vocab_size}
-        given = [flag for flag, value in options.items() if value is not None]
-        if given or not args.tokenizer_hf_include_special_tokens:
-            raise ValueError(f"{', '.join(given) or '--tokenizer-hf-no-include-special-tokens'} needs --tokenizer-type")
+    check_tokenizer_flags(args)
     if args.load_hf is not None and not is_hf_directory(args.load_hf):
         raise ValueError(f"--load-hf {args.load_hf}: not a HF model directory (no config.json)")
     model = EvalModelConfig(load=args.load or args.load_hf, no_verify=args.no_verify,
@@ -96,33 +81,10 @@ def config_from_args(args: argparse.Namespace) -> tuple[EvaluateConfig, LaunchCo
     config = EvaluateConfig(model=model, task=args.task, data=args.data, strict_lambada=args.strict_lambada,
                             seq_length=args.seq_length, overlapping_eval=args.overlapping_eval,
                             detokenizer=args.detokenizer)
-    return config, LaunchConfig(num_gpus_per_node=args.nproc_per_node, master_port=args.master_port)
+    return config, launch_config_from_args(args)
 
 
-def _fail(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {flags_in_message(message, build_parser())}\n")
-
-
-def _run(config: EvaluateConfig) -> dict | None:
-    """Evaluate in this process; None after writing our own error (rank 0 writes it)."""
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        return evaluate(config)
-    except REPORTED_ERRORS as error:
-        if rank == 0:
-            _fail(str(error))
-        return None
-
-
-def _worker(config: EvaluateConfig) -> dict:
-    """Entry point of each launched process; its record goes back to the launcher."""
-    if config.model.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)  # what torchrun does for several processes per node
-    record = _run(config)
-    if record is None:
-        raise SystemExit(EXIT_ERROR)
-    return record
+COMMAND = CollectiveCommand(prog=PROG, build_parser=build_parser, run=evaluate, check=check_evaluation)
 
 
 def format_record(record: dict) -> list[str]:
@@ -139,41 +101,19 @@ def format_record(record: dict) -> list[str]:
     return lines
 
 
-def _launch(config: EvaluateConfig, launch_config: LaunchConfig) -> dict | None:
-    """Start the worker processes; rank 0's record, or None after writing the error."""
-    logging.basicConfig(level=logging.INFO if config.model.progress else logging.WARNING, format="%(message)s")
-    try:
-        # Fail here, before any process starts, on what the workers would all reject.
-        check_evaluation(config, launch_config.num_gpus_per_node)
-        return launch(launch_config, _worker, config)[0]
-    except ChildFailedError as error:
-        failed = sorted(failure.rank for failure in error.failures.values())
-        if 0 not in failed:
-            _fail(f"worker rank(s) {failed} failed; see their output above")
-        return None
-    except REPORTED_ERRORS as error:  # a bad model or layout, or the rendezvous failed (its port taken)
-        _fail(str(error))
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
     """Parse ``argv`` (default: the command line), evaluate (or launch the processes that do), print."""
     args = build_parser().parse_args(argv)
     try:
         config, launch_config = config_from_args(args)
     except ValueError as error:
-        _fail(str(error))
+        COMMAND.fail(str(error))
         return EXIT_USAGE
-    if launch_config.num_gpus_per_node == 1 or under_launcher():
-        record = _run(config)
-        if record is not None and int(os.environ.get("RANK", "0")) != 0:
-            return 0
-    else:
-        record = _launch(config, launch_config)
-    if record is None:
-        return EXIT_ERROR
-    if not args.json:
-        for line in format_record(record):
-            print(line)
-    print(json.dumps(record))
-    return 0
+    status, record = run_collective(COMMAND, config, launch_config, config.model.device,
+                                    verbose=config.model.progress)
+    if record is not None:
+        if not args.json:
+            for line in format_record(record):
+                print(line)
+        print(json.dumps(record))
+    return status

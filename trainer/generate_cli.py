@@ -19,29 +19,27 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
-import os
-import sys
 from dataclasses import asdict
 from pathlib import Path
-
-import torch
-from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
 from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
-from trainer.cli_flags import flags_in_message
+from trainer.collective_cli import (
+    EXIT_ERROR,
+    EXIT_USAGE,
+    CollectiveCommand,
+    add_layout_arguments,
+    check_tokenizer_flags,
+    launch_config_from_args,
+    run_collective,
+)
 from trainer.config import LaunchConfig
-from trainer.distributed import launch, under_launcher
 from trainer.generate import GenerateConfig, check_generation
 from trainer.generation.sampling import SamplingConfig
 from trainer.models import spec_for_source
 
 PROG = "generate"
-EXIT_ERROR = 1
-EXIT_USAGE = 2
-DEFAULT_MASTER_PORT = 29500
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,13 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
     add_tokenizer_arguments(parser, required=False)
-    layout = parser.add_argument_group("parallelism")
-    layout.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel degree")
-    layout.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline-parallel degree")
-    layout.add_argument("--nproc-per-node", type=int, default=1, help="processes to start on this node")
-    layout.add_argument("--master-port", type=int, default=DEFAULT_MASTER_PORT,
-                        help="rendezvous port on this machine, with --nproc-per-node > 1")
-    layout.add_argument("--device", choices=("cpu", "cuda"), help="default cuda when available")
+    add_layout_arguments(parser)
     return parser
 
 
@@ -97,12 +89,7 @@ def config_from_args(args: argparse.Namespace) -> tuple[GenerateConfig, LaunchCo
     Raises:
         ValueError: a flag value is invalid (TrainConfigError included).
     """
-    if args.tokenizer_type is None:
-        options = {"--vocab-file": args.vocab_file, "--merge-file": args.merge_file,
-                   "--tokenizer-model": args.tokenizer_model, "--vocab-size": args.vocab_size}
-        given = [flag for flag, value in options.items() if value is not None]
-        if given or not args.tokenizer_hf_include_special_tokens:
-            raise ValueError(f"{', '.join(given) or '--tokenizer-hf-no-include-special-tokens'} needs --tokenizer-type")
+    check_tokenizer_flags(args)
     prompts = [*args.prompt, *(_read_prompt_file(args.prompt_file) if args.prompt_file else [])]
     sampling = SamplingConfig(greedy=args.greedy, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     config = GenerateConfig(load=args.load, no_verify=args.no_verify, prompts=prompts, prompt_ids=[_parse_ids(t) for t in args.prompt_ids],
@@ -110,33 +97,15 @@ def config_from_args(args: argparse.Namespace) -> tuple[GenerateConfig, LaunchCo
                             max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size,
                             tensor_model_parallel_size=args.tensor_model_parallel_size,
                             pipeline_model_parallel_size=args.pipeline_model_parallel_size, device=args.device)
-    return config, LaunchConfig(num_gpus_per_node=args.nproc_per_node, master_port=args.master_port)
+    return config, launch_config_from_args(args)
 
 
-def _fail(message: str) -> None:
-    sys.stderr.write(f"{PROG}: error: {flags_in_message(message, build_parser())}\n")
+def _generate_records(config: GenerateConfig) -> list[dict]:
+    """Every prompt's `Completion`, as a dict (collective over every process of the run)."""
+    return [asdict(c) for c in spec_for_source(config.load).generate(config)]
 
 
-def _run(config: GenerateConfig) -> list[dict] | None:
-    """Generate in this process; None after writing our own error (rank 0 writes it)."""
-    rank = int(os.environ.get("RANK", "0"))
-    logging.basicConfig(level=logging.WARNING, format="%(message)s")
-    try:
-        return [asdict(c) for c in spec_for_source(config.load).generate(config)]
-    except REPORTED_ERRORS as error:
-        if rank == 0:
-            _fail(str(error))
-        return None
-
-
-def _worker(config: GenerateConfig) -> list[dict]:
-    """Entry point of each launched process; its completions go back to the launcher."""
-    if config.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
-        torch.set_num_threads(1)  # what torchrun does for several processes per node
-    completions = _run(config)
-    if completions is None:
-        raise SystemExit(EXIT_ERROR)
-    return completions
+COMMAND = CollectiveCommand(prog=PROG, build_parser=build_parser, run=_generate_records, check=check_generation)
 
 
 def format_completion(record: dict, as_json: bool) -> str:
@@ -152,40 +121,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, launch_config = config_from_args(args)
     except ValueError as error:
-        _fail(str(error))
+        COMMAND.fail(str(error))
         return EXIT_USAGE
     try:
         spec = spec_for_source(config.load)
-        if launch_config.num_gpus_per_node > 1 and not spec.parallel_generation:
-            _fail(f"{spec.name} generation runs in one process: use --nproc-per-node 1")
-            return EXIT_USAGE
     except REPORTED_ERRORS as error:
-        _fail(str(error))
+        COMMAND.fail(str(error))
         return EXIT_ERROR
-    if launch_config.num_gpus_per_node == 1 or under_launcher():
-        completions = _run(config)
-        if completions is None:
-            return EXIT_ERROR
-        if int(os.environ.get("RANK", "0")) != 0:
-            return 0
-    else:
-        logging.basicConfig(level=logging.INFO, format="%(message)s")
-        try:
-            # Fail here, before any process starts, on what the workers would all reject.
-            check_generation(config, launch_config.num_gpus_per_node)
-        except REPORTED_ERRORS as error:
-            _fail(str(error))
-            return EXIT_ERROR
-        try:
-            completions = launch(launch_config, _worker, config)[0]
-        except ChildFailedError as error:
-            failed = sorted(failure.rank for failure in error.failures.values())
-            if 0 not in failed:
-                _fail(f"worker rank(s) {failed} failed; see their output above")
-            return EXIT_ERROR
-        except REPORTED_ERRORS as error:  # the rendezvous failed (its port taken)
-            _fail(str(error))
-            return EXIT_ERROR
-    for completion in completions:
+    if launch_config.num_gpus_per_node > 1 and not spec.parallel_generation:
+        COMMAND.fail(f"{spec.name} generation runs in one process: use --nproc-per-node 1")
+        return EXIT_USAGE
+    status, completions = run_collective(COMMAND, config, launch_config, config.device)
+    for completion in completions or []:
         print(format_completion(completion, args.json))
-    return 0
+    return status

@@ -41,7 +41,9 @@ SAFETENSORS_METADATA = {"format": "pt"}
 GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON = "vocab.json", "merges.txt", "tokenizer.json"
 # T5/mT5's SentencePiece model.
 T5_SPIECE = "spiece.model"
-TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, "tokenizer_config.json",
+# BERT's WordPiece vocabulary.
+WORDPIECE_VOCAB = "vocab.txt"
+TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, WORDPIECE_VOCAB, "tokenizer_config.json",
                    "special_tokens_map.json")
 TEMP_SUFFIX = ".tmp"
 # The global named in torch's refusal of a pickle that is not weights-only ("... GLOBAL posix.system ...").

@@ -31,11 +31,13 @@ from preprocess.tokenizers.t5 import t5_special_ids
 from samplers.splits import DEFAULT_SPLIT
 from samplers.view import (
     DEFAULT_DECODER_SEQ_LENGTH,
+    DEFAULT_MASK_PROB,
     DEFAULT_SEED,
     DEFAULT_VOCAB_EXTRA_IDS,
     SAMPLE_KINDS,
     TrainingViewConfig,
     ViewTokens,
+    ViewVocabulary,
     sample_kind,
 )
 
@@ -108,11 +110,16 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--data-cache-path", help="index cache directory (default: index-cache/ beside the data)")
     training.add_argument("--model", choices=list(SAMPLE_KINDS), default="gpt",
                           help="show a T5 run's span-corruption samples (sentence-split data, needs the tokenizer; "
-                               "--seq-length is the encoder length)")
+                               "--seq-length is the encoder length) or a BERT run's masked-LM samples "
+                               "(sentence-split WordPiece data, needs the tokenizer)")
     training.add_argument("--decoder-seq-length", type=int, default=DEFAULT_DECODER_SEQ_LENGTH,
                           help=f"T5 decoder positions (default {DEFAULT_DECODER_SEQ_LENGTH})")
     training.add_argument("--vocab-extra-ids", type=int, default=DEFAULT_VOCAB_EXTRA_IDS,
                           help=f"T5 sentinels added to a vocabulary without any (default {DEFAULT_VOCAB_EXTRA_IDS})")
+    training.add_argument("--mask-prob", type=float, default=DEFAULT_MASK_PROB,
+                          help=f"BERT: fraction of a sample's tokens masked (default {DEFAULT_MASK_PROB})")
+    training.add_argument("--bert-no-binary-head", action="store_true",
+                          help="BERT: masked LM alone, one segment per sample (no sentence-order label)")
     add_tokenizer_arguments(parser, required=False)
     return parser
 
@@ -123,7 +130,8 @@ def _training_config(args: argparse.Namespace) -> TrainingViewConfig | None:
     sizes = args.num_samples or [args.train_samples, args.valid_samples, args.test_samples]
     return TrainingViewConfig(sequence_length=args.seq_length, split=args.split, seed=args.seed, sizes=tuple(sizes),
                               sample_ids=tuple(args.samples), path_to_cache=args.data_cache_path, model=args.model,
-                              decoder_sequence_length=args.decoder_seq_length, vocab_extra_ids=args.vocab_extra_ids)
+                              decoder_sequence_length=args.decoder_seq_length, vocab_extra_ids=args.vocab_extra_ids,
+                              mask_prob=args.mask_prob, binary_head=not args.bert_no_binary_head)
 
 
 def _format(report: DatasetReport) -> str:
@@ -199,8 +207,33 @@ def _training_view(config: InspectConfig, data: str | tuple[str, ...], tokenizer
     if tokenizer is not None:
         tokenizer_type = config.tokenizer.tokenizer_type
         view_tokens = ViewTokens(decode=tokenizer.decode,
-                                 special_ids=lambda extra_ids: t5_special_ids(tokenizer, tokenizer_type, extra_ids))
+                                 vocabulary=lambda extra_ids: view_vocabulary(tokenizer, tokenizer_type, extra_ids))
     return kind.module().training_view(data, training, view_tokens)
+
+
+def _tokenizer_pieces(tokenizer: Tokenizer) -> dict[str, int]:
+    """Piece -> id of the tokenizer's own vocabulary where it lists one ({} for one that does not)."""
+    backend = getattr(tokenizer, "backend", None)
+    if hasattr(backend, "get_vocab"):  # WordPiece and Hugging Face tokenizers
+        return dict(backend.get_vocab())
+    model = getattr(tokenizer, "model", None)
+    if hasattr(model, "id_to_piece"):  # SentencePiece
+        return {model.id_to_piece(i): i for i in range(model.get_piece_size())}
+    return {}
+
+
+def view_vocabulary(tokenizer: Tokenizer, tokenizer_type: str, vocab_extra_ids: int) -> ViewVocabulary:
+    """The run's vocabulary by names and roles: the tokenizer's pieces, then the tokens Megatron's conventions
+    append ([BOS]/[EOS], `vocab_extra_ids` sentinels `<extra_id_k>`) and the pad/EOS/decoder-start ids
+    (`preprocess.tokenizers.t5`'s special-token convention, the one training uses).
+
+    Raises:
+        TokenizerError: the tokenizer kind has no known special-token convention.
+    """
+    special = t5_special_ids(tokenizer, tokenizer_type, vocab_extra_ids)
+    names = _tokenizer_pieces(tokenizer) | special.token_names()
+    return ViewVocabulary(size=special.vocab_size, names=names,
+                          roles={"pad": special.pad, "eos": special.eos, "decoder_start": special.decoder_start})
 
 
 def _run_blend_view(config: InspectConfig) -> int:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from trainer.metrics_records import consumed_tokens
+from trainer.metrics_records import MEMORY_KEY, consumed_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -147,6 +147,13 @@ class MetricsWriter:
         record = {"iteration": iteration, "split": split, "loss": loss, "perplexity": perplexity}
         self._write(record)
         self._add_scalars(split, record)
+
+    def memory(self, iteration: int, ranks: list[dict]) -> None:
+        """The ``--print-memory`` record: ``{"iteration": i, "memory": [one dict per rank]}`` (the fields of
+        `trainer.memory_report.MemoryReport`)."""
+        if not self.enabled:
+            return
+        self._write({"iteration": iteration, MEMORY_KEY: ranks})
 
     def _add_scalars(self, section: str, record: dict) -> None:
         """Every number of a JSON-lines ``record`` as TensorBoard scalar ``section/key`` at its iteration

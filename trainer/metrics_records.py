@@ -7,8 +7,9 @@
 `trainer.metrics.MetricsWriter` writes one JSON object per line: a *training* record every
 `--log-interval` (iteration, consumed_samples, consumed_tokens, global_batch_size, lr, loss, grad_norm,
 loss_scale, skipped_iterations, ms_per_iteration, data_ms_per_iteration, tokens_per_second,
-tflops_per_device, mfu) and an *evaluation* record after each evaluation (iteration, split, loss,
-perplexity). Keys a later trainer adds (MoE aux loss, expert load) are kept as they are.
+tflops_per_device, mfu), an *evaluation* record after each evaluation (iteration, split, loss,
+perplexity) and, with ``--print-memory``, one *memory* record after the first step (iteration, memory: a
+list of per-rank byte counts). Keys a later trainer adds (MoE aux loss, expert load) are kept as they are.
 
 This module imports neither torch nor matplotlib: `plot-metrics` reads files with it, and
 `trainer.metrics` shares `consumed_tokens` with it.
@@ -27,6 +28,8 @@ from indexed_dataset.errors import TokenmillError
 METRICS_FILE_NAME = "metrics.jsonl"
 # The key that marks an evaluation record (its value: valid or test).
 SPLIT_KEY = "split"
+# The key that marks a `train --print-memory` record (its value: one dict of bytes per rank).
+MEMORY_KEY = "memory"
 # Milliseconds per second, to turn ms_per_iteration back into seconds.
 MS_PER_SECOND = 1000.0
 
@@ -47,6 +50,8 @@ class MetricsRun:
     """Training records (no ``split`` key)."""
     evaluations: list[dict] = field(default_factory=list)
     """Evaluation records (``split``: valid or test)."""
+    memory: list[dict] = field(default_factory=list)
+    """``--print-memory`` records (``memory``: per-rank bytes after the first step)."""
 
 
 def tokens_per_sample(record: dict) -> int | None:
@@ -126,7 +131,8 @@ def read_run(path: str | os.PathLike, name: str | None = None) -> MetricsRun:
             if not line.strip():
                 continue
             record = _parse_record(file, number, line)
-            (run.evaluations if SPLIT_KEY in record else run.train).append(record)
+            kind = run.evaluations if SPLIT_KEY in record else run.memory if MEMORY_KEY in record else run.train
+            kind.append(record)
     if not run.train and not run.evaluations:
         raise MetricsFileError(f"{file}: no metrics records (empty file)")
     return run

@@ -41,7 +41,8 @@ def select_adamw_kernel(device_type: str, params: Iterable[torch.Tensor]) -> str
 
 
 def build_optimizer(named_params: list[tuple[str, nn.Parameter]], config: OptimizerConfig,
-                    foreach: bool | None = None, fused: bool | None = None) -> torch.optim.AdamW:
+                    foreach: bool | None = None, fused: bool | None = None,
+                    decayed: frozenset[str] | None = None) -> torch.optim.AdamW:
     """AdamW over ``named_params``; biases and norm weights (every 1-D parameter) get no weight decay.
 
     Args:
@@ -50,9 +51,14 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]], config: Optimi
         foreach: use the multi-tensor kernels (None: PyTorch's default, the for-loop on a CPU).
         fused: use the fused kernel (CUDA). `select_adamw_kernel` says which of the two the parameters
             allow (``**ADAMW_KERNEL_OPTIONS[kernel]``).
+        decayed: the names that get weight decay, when the tensors stepped are not the model's own
+            (`trainer.zero.ShardedAdamW` steps 1-D slices); default: the parameters of 2 or more dims.
     """
-    decay = [p for _, p in named_params if p.ndim >= 2]
-    no_decay = [p for _, p in named_params if p.ndim < 2]
+    named_params = list(named_params)  # callers may pass a generator: it is read twice
+    if decayed is None:
+        decayed = frozenset(name for name, p in named_params if p.ndim >= 2)
+    decay = [p for name, p in named_params if name in decayed]
+    no_decay = [p for name, p in named_params if name not in decayed]
     groups = [{"params": decay, "weight_decay": config.weight_decay},
               {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),

@@ -125,9 +125,11 @@ def _expert_rules(config: TrainConfig, dp: int, tp: int, ep: int) -> list[tuple[
         (tp == 1, f"num_experts with tensor_model_parallel_size {tp} > 1 is not implemented yet"),
         # fullgraph compilation cannot trace the routing's data-dependent sizes (tokens per expert).
         (not config.training.compile, "num_experts with compile is not implemented yet"),
-        # Both shard the model with FSDP2 over dp, which would need its expert weights sharded over expert_dp.
-        (ep == 1 or not config.parallelism.use_distributed_optimizer,
-         f"expert_model_parallel_size ({ep}) > 1 with use_distributed_optimizer is not implemented yet"),
+        # ZeRO stages 2-3 shard the model with FSDP2 over dp, which would need its expert weights sharded over
+        # expert_dp; stage 1 (`trainer.zero.ShardedAdamW`) steps expert weights whole.
+        (ep == 1 or config.parallelism.zero_stage < 2,
+         f"expert_model_parallel_size ({ep}) > 1 with zero_stage {config.parallelism.zero_stage} (FSDP2) is not "
+         "implemented yet: use zero_stage 0 or 1"),
         (ep == 1 or config.parallelism.pipeline_model_parallel_size == 1,
          f"expert_model_parallel_size ({ep}) > 1 with pipeline_model_parallel_size "
          f"({config.parallelism.pipeline_model_parallel_size}) > 1 is not implemented yet"),

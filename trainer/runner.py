@@ -18,6 +18,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -39,6 +40,7 @@ from trainer.auxiliary import (
     set_auxiliary_loss_scale,
 )
 from trainer.moe.parallel import apply_ep, ignore_expert_parameters, reduce_expert_grads
+from trainer.zero import FULL_SHARD_STAGE, average_gradients, uses_fsdp
 
 
 def _full(loss: torch.Tensor) -> torch.Tensor:
@@ -70,7 +72,11 @@ class ParallelModel:
         with torch.device("meta"):
             model = plan.build(shape)
         pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
-        self.uses_fsdp = dims.dp > 1 and (dims.tp > 1 or dims.pp > 1 or parallelism.use_distributed_optimizer)
+        # ZeRO (`trainer.zero`): FSDP2 at stages 2-3; DDP, or an all-reduce after backward where DDP cannot
+        # wrap the model (tensor-parallel DTensors, pipeline stages), at stages 0-1.
+        self.zero_stage = parallelism.zero_stage
+        self.uses_fsdp = uses_fsdp(self.zero_stage, dims.dp)
+        self.cpu_offload = parallelism.cpu_offload
         if dims.pp > 1:
             chunks = 1
             if parallelism.pipeline_schedule == "interleaved":
@@ -97,10 +103,14 @@ class ParallelModel:
             if compile_blocks:
                 apply_compile(plan.blocks(part))
             if self.uses_fsdp:
-                plan.apply_fsdp(part, mesh["dp"], dims.pp == 1)
+                plan.apply_fsdp(part, mesh["dp"], self.zero_stage == FULL_SHARD_STAGE,
+                                offload_policy=self._offload_policy())
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
-        if dims.dp > 1 and not self.uses_fsdp:
+        replicated = dims.dp > 1 and not self.uses_fsdp
+        # The data-parallel group whose gradients `run` averages itself (no DDP wrapper).
+        self.grad_group = mesh.get_group("dp") if replicated and (dims.tp > 1 or dims.pp > 1) else None
+        if replicated and self.grad_group is None:
             if dims.ep > 1:  # expert weights are not replicated over dp: `reduce_expert_grads` averages them
                 ignore_expert_parameters(self.parts[0])
             self.forward_module = apply_ddp(self.parts[0], mesh["dp"])
@@ -148,8 +158,10 @@ class ParallelModel:
         more than its share plus one full tensor (a model too large for one device builds when its
         shares fit).
         """
+        # FSDP2's CPU offload keeps the shards on the CPU: they are allocated there (its hooks move them).
+        device = torch.device("cpu") if self.uses_fsdp and self.cpu_offload else self.device
         for part in self.parts:
-            part.to_empty(device=self.device)
+            part.to_empty(device=device)
             part.tie_weights()  # to_empty gives a plain module's tied head a tensor of its own
         local: dict[str, list[nn.Parameter]] = {}
         for name, param in self._parameters_of_parts():
@@ -160,6 +172,10 @@ class ParallelModel:
             full_model.init_parameter(name, full)
             for param in local.get(name, ()):
                 copy_into_parameter(param, full)
+
+    def _offload_policy(self) -> CPUOffloadPolicy | None:
+        """FSDP2's CPU offload under ``cpu_offload`` (pinned host memory needs an accelerator)."""
+        return CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else None
 
     # -- checkpoints --------------------------------------------------------------------------------------
 
@@ -224,6 +240,8 @@ class ParallelModel:
                 total = self._run_pipeline(microbatches, train)
             else:
                 total = self._run_local(microbatches, train)
+        if train and self.grad_group is not None:
+            average_gradients((p for _, p in self._named), self.grad_group)
         if train and self.dims.ep > 1:
             reduce_expert_grads([p for _, p in self._named], self.expert_dp_group, self.dims.dp)
         return total / self.loss_scale, self.has_last_stage

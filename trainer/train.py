@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -41,20 +41,14 @@ from trainer.data import Prefetcher, explained_sample_counts, step_iterator
 from trainer.distributed import DistContext, init_distributed, resolve_device_type
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
 from trainer.hf_files import copy_tokenizer_files, read_json
+from trainer.memory_report import gather_reports, measure_memory
 from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops
 from trainer.models import model_spec
 from trainer.moe.settings import check_family_has_experts
 from trainer.runner import ParallelModel
-from trainer.optim import (
-    ADAMW_KERNEL_OPTIONS,
-    LossScaler,
-    LRSchedule,
-    build_optimizer,
-    init_optimizer_state,
-    select_adamw_kernel,
-    set_lr,
-)
+from trainer.optim import LossScaler, LRSchedule, set_lr
 from trainer.parallel_dims import ParallelDims, resolve_parallel_dims
+from trainer.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states
 
 logger = logging.getLogger(__name__)
 
@@ -138,11 +132,13 @@ class _Run:
                                                            self.shape)
         torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
         self.params = [p for _, p in self.model.named_parameters()]
-        kernel = select_adamw_kernel(ctx.device.type, self.params)
+        par = config.parallelism
+        dp_group = self.mesh.get_group("dp") if self.mesh is not None and self.dims.dp > 1 else None
+        self.optimizer, kernel = build_zero_optimizer(self.model.named_parameters(), config.optimizer, par.zero_stage,
+                                                      par.cpu_offload, dp_group, ctx.device.type)
         if ctx.rank == 0:
-            logger.info("AdamW kernel: %s", kernel)
-        self.optimizer = build_optimizer(self.model.named_parameters(), config.optimizer,
-                                         **ADAMW_KERNEL_OPTIONS[kernel])
+            logger.info("AdamW kernel: %s (ZeRO stage %d%s)", kernel, par.zero_stage,
+                        ", optimiser on the CPU" if par.cpu_offload else "")
         self.lr_schedule = LRSchedule.from_config(config.optimizer, config.training.train_iters)
         self.scaler = LossScaler(config.precision)
         self.iteration = self.consumed_samples = self.skipped = 0
@@ -156,12 +152,15 @@ class _Run:
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
-    def _state(self) -> dict[str, torch.Tensor]:
-        """Everything a checkpoint holds, as tensors under layout-independent names."""
+    def _state(self, optimizer_state: dict | None = None) -> dict[str, torch.Tensor]:
+        """Everything a checkpoint holds, as tensors under layout-independent names (the optimiser's state
+        at full size: ``optimizer_state`` from `trainer.zero.optimizer_states`, or gathered here)."""
         state: dict[str, torch.Tensor] = {}
+        if optimizer_state is None:
+            optimizer_state = optimizer_states(self.optimizer)
         for name, param in self.model.named_parameters():
             state[f"model.{name}"] = param.detach()
-            for key, value in self.optimizer.state[param].items():
+            for key, value in (optimizer_state.get(param) or {}).items():
                 state[f"optim.{name}.{key}"] = value
         counters = {"iteration": self.iteration, "consumed_samples": self.consumed_samples,
                     "skipped_iterations": self.skipped}
@@ -173,7 +172,7 @@ class _Run:
         return state
 
     def _save(self) -> None:
-        init_optimizer_state(self.optimizer)
+        init_state(self.optimizer)
         root = self.config.checkpoint.save
         # What the tensors cannot tell (head count, real vocabulary) and the tokenizer, so that
         # `convert-checkpoint --to-hf` and `generate` need no extra flags.
@@ -207,13 +206,15 @@ class _Run:
             if self.ctx.rank == 0:
                 logger.info("starting from the model weights of %s (iteration %d)", root, iteration)
             return
-        init_optimizer_state(self.optimizer)
-        state = self._state()
+        init_state(self.optimizer)
+        full_optimizer_state = optimizer_states(self.optimizer)
+        state = self._state(full_optimizer_state)
         rng_names = frozenset(name for name in state if name.startswith("rng."))
         saved_state = self.model.checkpoint_state(state)
         loaded = load_checkpoint(root, iteration, saved_state, optional=rng_names, model_names=model_names,
                                  verify=verify, vocab_rows=self._vocab_rows(saved_state))
         self.model.restore_checkpoint_state(saved_state, state)
+        load_optimizer_states(self.optimizer, full_optimizer_state)
         self.iteration = int(state["train.iteration"])
         self.consumed_samples = int(state["train.consumed_samples"])
         self.skipped = int(state["train.skipped_iterations"])
@@ -297,6 +298,8 @@ class _Run:
                 lr = self.lr_schedule(self.iteration - self.skipped)
                 set_lr(self.optimizer, lr)
                 loss, norm, auxiliary = self._step(microbatches)
+                if cfg.logging.print_memory and self.iteration == result.iteration + 1:
+                    self._report_memory()
                 self.consumed_samples += gbs
                 result.losses.append(loss)
                 result.grad_norms.append(norm)
@@ -323,6 +326,14 @@ class _Run:
         self.writer.close()
         result.iteration, result.consumed_samples = self.iteration, self.consumed_samples
         return result
+
+    def _report_memory(self) -> None:
+        """``--print-memory``: every rank's bytes after this call's first step, logged and recorded."""
+        reports = gather_reports(measure_memory(self.params, self.optimizer, self.ctx.device))
+        if self.ctx.rank == 0:
+            for report in reports:
+                logger.info(report.log_line())
+        self.writer.memory(self.iteration, [asdict(report) for report in reports])
 
     def _stats(self, window: _Window, lr: float) -> TrainStats:
         seconds = window.seconds / window.count

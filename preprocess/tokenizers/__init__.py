@@ -30,8 +30,13 @@ def build_tokenizer(config: TokenizerConfig) -> Tokenizer:
     if kind in ("BertWordPieceLowerCase", "BertWordPieceCase"):
         from .wordpiece import WordPieceTokenizer
 
-        return WordPieceTokenizer(config.vocab_file, lower_case=kind == "BertWordPieceLowerCase",
-                                  add_special_tokens=config.tokenizer_bert_include_special_tokens)
+        wordpiece = WordPieceTokenizer(config.vocab_file, lower_case=kind == "BertWordPieceLowerCase",
+                                       add_special_tokens=config.tokenizer_bert_include_special_tokens)
+        if not config.chinese_wwm:
+            return wordpiece
+        from .chinese_wwm import ChineseWholeWordTokenizer
+
+        return ChineseWholeWordTokenizer(wordpiece)
     if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
         from .sentencepiece import build_sentencepiece_tokenizer
 

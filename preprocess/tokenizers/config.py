@@ -45,6 +45,9 @@ class TokenizerConfig:
     tokenizer_bert_include_special_tokens: bool = False
     """BertWordPieceLowerCase/Case: wrap every text in [CLS] ... [SEP], reproducing the bytes of Megatron
     HEAD (megatron-core tokenizers). Off by default: Megatron's BertDataset/T5Dataset add them again."""
+    chinese_wwm: bool = False
+    """BertWordPieceLowerCase/Case: write the characters that continue a Chinese word (jieba, words of up to
+    3 characters) as their `##X` pieces, LiBai's `--do-chinese-wwm`, so whole-word masking sees the words."""
 
     def __post_init__(self) -> None:
         required = TOKENIZER_OPTIONS.get(self.tokenizer_type)
@@ -62,6 +65,9 @@ class TokenizerConfig:
                              f"{' and '.join(BERT_TOKENIZER_TYPES)}")
         if self.tokenizer_bert_include_special_tokens and not bert:
             raise ValueError(f"tokenizer_bert_include_special_tokens only applies to {' and '.join(BERT_TOKENIZER_TYPES)}")
+        if self.chinese_wwm and not bert:
+            raise ValueError(f"chinese_wwm (--do-chinese-wwm) only applies to the WordPiece tokenizers "
+                             f"({', '.join(BERT_TOKENIZER_TYPES)}; LiBai's BertTokenizer), not {self.tokenizer_type}")
         if self.tokenizer_bert_include_special_tokens and not self.tokenizer_hf_include_special_tokens:
             raise ValueError("tokenizer_bert_include_special_tokens contradicts tokenizer_hf_include_special_tokens=False")
         if self.vocab_size is not None and self.vocab_size < 1:

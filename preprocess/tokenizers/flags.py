@@ -1,4 +1,10 @@
-"""The tokenizer flags, defined once for every CLI that builds a tokenizer (Megatron's names)."""
+"""The tokenizer flags, defined once for every CLI that builds a tokenizer (Megatron's names).
+
+LiBai's `tools/preprocess_data.py` spelling is accepted too and mapped onto ours:
+`--tokenizer-name BertTokenizer [--do-lower-case]` is `--tokenizer-type BertWordPieceLowerCase` (else
+`BertWordPieceCase`), `GPT2Tokenizer` is `GPT2BPETokenizer`, `T5Tokenizer` (its `--vocab-file` is the
+SentencePiece model) is `GPTSentencePieceTokenizer`; `--merges-file` is `--merge-file`.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +12,38 @@ import argparse
 
 from .config import TOKENIZER_TYPES, TokenizerConfig, dataclass_from_args
 
+# LiBai's --tokenizer-name -> our --tokenizer-type (BertTokenizer: see `_libai_tokenizer_type`).
+LIBAI_TOKENIZER_TYPES = {
+    "BertTokenizer": "BertWordPieceCase",
+    "GPT2Tokenizer": "GPT2BPETokenizer",
+    "T5Tokenizer": "GPTSentencePieceTokenizer",
+}
+# LiBai names with no tokenmill equivalent, and what to use instead.
+LIBAI_UNSUPPORTED = {
+    "RobertaTokenizer": "its byte-level BPE uses <s>/</s>, which GPT2BPETokenizer does not; give its "
+                        "tokenizer.json with --tokenizer-type HuggingFaceTokenizer --tokenizer-model",
+}
+
 
 def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
-    """Add `--tokenizer-type`, `--vocab-file` (alias `--vocab`), `--merge-file`, `--tokenizer-model`,
+    """Add `--tokenizer-type` (or LiBai's `--tokenizer-name` with `--do-lower-case`), `--do-chinese-wwm`,
+    `--vocab-file` (alias `--vocab`), `--merge-file` (alias `--merges-file`), `--tokenizer-model`,
     `--vocab-size`, `--tokenizer-hf-no-include-special-tokens` and `--tokenizer-bert-include-special-tokens`
     to `parser`."""
     group = parser.add_argument_group("tokenizer")
-    group.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, required=required, help="tokenizer kind")
+    kind = group.add_mutually_exclusive_group(required=required)
+    kind.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, help="tokenizer kind")
+    kind.add_argument("--tokenizer-name", choices=(*LIBAI_TOKENIZER_TYPES, *LIBAI_UNSUPPORTED),
+                      help="LiBai's spelling: BertTokenizer (BertWordPieceLowerCase with --do-lower-case, else "
+                           "BertWordPieceCase), GPT2Tokenizer (GPT2BPETokenizer), T5Tokenizer "
+                           "(GPTSentencePieceTokenizer; --vocab-file is its SentencePiece model)")
+    group.add_argument("--do-lower-case", action="store_true",
+                       help="LiBai's spelling, with --tokenizer-name BertTokenizer: the uncased WordPiece")
+    group.add_argument("--do-chinese-wwm", dest="chinese_wwm", action="store_true",
+                       help="BertWordPiece*: write each character that continues a Chinese word (jieba, up to 3 "
+                            "characters) as its ##X id, for whole-word masking (LiBai's flag)")
     group.add_argument("--vocab-file", "--vocab", dest="vocab_file", help="GPT-2 vocab.json or BERT vocab.txt")
-    group.add_argument("--merge-file", help="GPT-2 merges.txt")
+    group.add_argument("--merge-file", "--merges-file", dest="merge_file", help="GPT-2 merges.txt")
     group.add_argument("--tokenizer-model", help="SentencePiece .model, or local tokenizer.json / its directory")
     group.add_argument("--vocab-size", type=int, help="NullTokenizer vocabulary size (eod = vocab size - 1)")
     group.add_argument(
@@ -39,6 +68,33 @@ def tokenizer_config_from_args(args: argparse.Namespace) -> TokenizerConfig | No
     Raises:
         ValueError: the flags do not fit the tokenizer type.
     """
+    if args.tokenizer_name is not None:
+        kind = _libai_tokenizer_type(args.tokenizer_name, args.do_lower_case)
+        files = {}
+        if kind == "GPTSentencePieceTokenizer":  # LiBai's T5Tokenizer reads its model from --vocab-file
+            if args.tokenizer_model is not None:
+                raise ValueError("--tokenizer-name T5Tokenizer reads its SentencePiece model from --vocab-file; "
+                                 "drop --tokenizer-model")
+            files = {"vocab_file": None, "tokenizer_model": args.vocab_file}
+        return dataclass_from_args(TokenizerConfig, args, tokenizer_type=kind, **files)
+    if args.do_lower_case:
+        raise ValueError("--do-lower-case goes with --tokenizer-name BertTokenizer "
+                         "(with --tokenizer-type, choose BertWordPieceLowerCase)")
     if args.tokenizer_type is None:
         return None
     return dataclass_from_args(TokenizerConfig, args)
+
+
+def _libai_tokenizer_type(name: str, lower_case: bool) -> str:
+    """Our --tokenizer-type for LiBai's `--tokenizer-name` (and `--do-lower-case`).
+
+    Raises:
+        ValueError: a LiBai tokenizer we do not build, or --do-lower-case with a tokenizer that has no cases.
+    """
+    if name in LIBAI_UNSUPPORTED:
+        raise ValueError(f"--tokenizer-name {name} is not supported: {LIBAI_UNSUPPORTED[name]}")
+    if name == "BertTokenizer":
+        return "BertWordPieceLowerCase" if lower_case else "BertWordPieceCase"
+    if lower_case:
+        raise ValueError(f"--do-lower-case only applies to --tokenizer-name BertTokenizer, not {name}")
+    return LIBAI_TOKENIZER_TYPES[name]

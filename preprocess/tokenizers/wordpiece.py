@@ -43,13 +43,13 @@ class WordPieceTokenizer(Tokenizer):
     def decode(self, ids) -> str:
         return self.backend.decode(np.asarray(ids).tolist())
 
+    def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
+        return encode_batch_hf(self.backend, texts, add_special_tokens=self.add_special_tokens)
+
 
 def added_special_tokens(backend) -> dict[str, int]:
     """Name -> id of the special added tokens of a Hugging Face `tokenizers` object ([CLS], </s>, ...)."""
     return {token.content: token_id for token_id, token in backend.get_added_tokens_decoder().items() if token.special}
-
-    def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
-        return encode_batch_hf(self.backend, texts, add_special_tokens=self.add_special_tokens)
 
 
 def encode_batch_hf(backend, texts: pa.Array | list[str], add_special_tokens: bool) -> RaggedTokens:

@@ -24,28 +24,21 @@ megatron-core 0.16's `BERTMaskedWordPieceDataset`, sample for sample (the tests 
 
 from __future__ import annotations
 
-import logging
-import os
 from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 import torch
 
-from ..builder import Sizes, default_cache_directory
-from ..cache import IndexCache
-from ..errors import EmptySplitError
+from ..builder import Sizes
+from ..sentences import SEED_MODULUS, build_sentence_splits, sample_random_state
 from ..sources import TokenSource
-from ..splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_split, split_ranges
-from ..t5.dataset import SEED_MODULUS, _random_state
+from ..splits import DEFAULT_SPLIT, parse_split
 from ..t5.indices import build_t5_sample_index
 from .masking import MaskingOptions, mask_tokens
 
-logger = logging.getLogger(__name__)
-
 BERT_CACHE_FORMAT = "tokenmill-bert-indices-1"
 """Part of every cache description: bump it when the sample index's meaning changes."""
-BERT_INDEX_KINDS = ("sample_index",)
 RESERVED_POSITIONS = 3
 """[CLS] and two [SEP]: megatron-core builds the sample index for sequence_length - 3 tokens."""
 BINARY_HEAD_MIN_SENTENCES = 2
@@ -150,7 +143,7 @@ class BertDataset(torch.utils.data.Dataset):
         config = self.config
         first, end, target_length = (int(x) for x in self.sample_index[idx])
         sentences = [self.dataset.sequences(i, i + 1) for i in range(first, end)]
-        rng = _random_state((config.random_seed + idx) % SEED_MODULUS)
+        rng = sample_random_state((config.random_seed + idx) % SEED_MODULUS)
         segment_a, segment_b, swapped = _segments(sentences, config.binary_head, rng)
         truncated = _trim(segment_a, segment_b, target_length, rng)
         cls, sep = config.masking.cls_id, config.masking.sep_id
@@ -194,43 +187,19 @@ def bert_index_description(dataset: TokenSource, split: str, document_range: tup
 
 def build_bert_datasets(config: BertDatasetConfig, sizes: Optional[Sizes] = None
                         ) -> tuple[Optional[BertDataset], ...]:
-    """The train, valid and test BERT datasets, their sample indices loaded from the cache or built.
+    """The train, valid and test BERT datasets (None for an absent split), their sample indices loaded from the
+    cache or built; `samplers.sentences.build_sentence_splits` says which splits, and what it raises."""
 
-    Args:
-        config: dataset and sample options.
-        sizes: samples wanted per split (None, or a None entry: one epoch). Whole epochs are walked,
-            so a split may hold more samples than asked.
+    def build_index(dataset: TokenSource, document_range: tuple[int, int], size: Optional[int]) -> np.ndarray:
+        return build_t5_sample_index(dataset.document_indices, dataset.sequence_lengths, document_range, size,
+                                     config.sequence_length - RESERVED_POSITIONS, config.short_seq_prob,
+                                     config.random_seed, config.min_sentences)
 
-    Returns:
-        (train, valid, test), None for a split with zero fraction, or no documents and no size.
-
-    Raises:
-        EmptySplitError: a split was asked for samples but yields none.
-        IndexFormatError: the dataset's files are missing or damaged.
-    """
-    sizes = tuple(sizes) if sizes is not None else (None,) * len(SPLIT_NAMES)
-    dataset = TokenSource(config.data_prefix)
-    cache = IndexCache(config.path_to_cache or default_cache_directory(config.data_prefix))
-    datasets: list[Optional[BertDataset]] = []
-    for name, document_range, size in zip(SPLIT_NAMES, split_ranges(config.split, dataset.num_documents), sizes):
-        if document_range is None or (document_range[0] == document_range[1] and not size):
-            datasets.append(None)
-            continue
-        description = bert_index_description(dataset, name, document_range, size, config)
-
-        def build(document_range=document_range, size=size) -> dict[str, np.ndarray]:
-            return {"sample_index": build_t5_sample_index(
-                dataset.document_indices, dataset.sequence_lengths, document_range, size,
-                config.sequence_length - RESERVED_POSITIONS, config.short_seq_prob, config.random_seed,
-                config.min_sentences)}
-
-        stem = f"{os.path.basename(dataset.prefix)}-bert-{name}"
-        sample_index = cache.load_or_build(stem, description, BERT_INDEX_KINDS, build)["sample_index"]
-        if size and len(sample_index) == 0:
-            raise EmptySplitError(f"{config.data_prefix}: the {name} split (documents {document_range[0]} to "
-                                  f"{document_range[1]}) yields no BERT sample (documents of at least "
-                                  f"{config.min_sentences} sentences), but {size} were requested", split=name)
-        logger.info("%s %s: documents [%d, %d), %d BERT samples", config.data_prefix, name, *document_range,
-                    len(sample_index))
-        datasets.append(BertDataset(dataset, name, tuple(document_range), sample_index, config))
-    return tuple(datasets)
+    splits = build_sentence_splits(
+        config.data_prefix, config.split, config.path_to_cache, sizes, kind="BERT", stem="bert",
+        description=lambda dataset, name, document_range, size: bert_index_description(
+            dataset, name, document_range, size, config),
+        build_index=build_index,
+        no_sample=f"BERT sample (documents of at least {config.min_sentences} sentences)")
+    return tuple(None if split is None else BertDataset(split.dataset, split.name, split.document_range,
+                                                        split.sample_index, config) for split in splits)

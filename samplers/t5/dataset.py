@@ -23,46 +23,23 @@ padded labels are the pad id with loss mask 0 (Megatron: -1).
 
 from __future__ import annotations
 
-import logging
-import os
-import threading
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from ..builder import Sizes, default_cache_directory
-from ..cache import IndexCache
-from ..errors import EmptySplitError
+from ..builder import Sizes
+from ..sentences import SEED_MODULUS, build_sentence_splits, sample_random_state
 from ..sources import TokenSource
-from ..splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_split, split_ranges
+from ..splits import DEFAULT_SPLIT, parse_split
 from .indices import MIN_TARGET_LENGTH, build_t5_sample_index
 from .masking import corrupt_spans, noise_span_counts, random_spans_noise_mask
 
-logger = logging.getLogger(__name__)
-
 T5_CACHE_FORMAT = "tokenmill-t5-indices-2"
 """Part of every cache description: bump it when the sample index's meaning changes."""
-T5_INDEX_KINDS = ("sample_index",)
 RESERVED_POSITIONS = 2
 """megatron-core builds T5 sample indices for encoder_seq_length - 2 tokens (room for BOS and EOS)."""
-SEED_MODULUS = 2**32
-"""RandomState seeds must be < 2**32; Megatron takes (seed + idx) % 2**32 too."""
-
-# Re-seeding a RandomState costs ~2 us, building one ~200 us (it first seeds itself from the OS):
-# each thread keeps one and re-seeds it per sample. Re-seeding gives the stream of RandomState(seed).
-_THREAD_STATE = threading.local()
-
-
-def _random_state(seed: int) -> np.random.RandomState:
-    """This thread's RandomState, re-seeded with `seed`."""
-    if not hasattr(_THREAD_STATE, "rng"):
-        _THREAD_STATE.rng = np.random.RandomState()
-    _THREAD_STATE.rng.seed(seed)
-    return _THREAD_STATE.rng
-
-
 def max_t5_tokens(encoder_seq_length: int) -> int:
     """Most raw tokens of a sample (its target length is at most this), Megatron's rule."""
     return encoder_seq_length - RESERVED_POSITIONS
@@ -173,7 +150,7 @@ class T5Dataset(torch.utils.data.Dataset):
         config = self.config
         row = self.sample_index[idx]
         tokens = _sample_tokens(self.dataset, row)
-        rng = _random_state((config.random_seed + idx) % SEED_MODULUS)
+        rng = sample_random_state((config.random_seed + idx) % SEED_MODULUS)
         noise = random_spans_noise_mask(len(tokens), config.noise_density, config.mean_noise_span_length, rng)
         encoder, target = corrupt_spans(tokens, noise, np.asarray(config.sentinel_ids))
         return T5SampleView(tokens, noise, encoder, np.append(target, config.eos_id))
@@ -232,30 +209,19 @@ def build_t5_datasets(config: T5DatasetConfig, sizes: Optional[Sizes] = None) ->
         EmptySplitError: a split was asked for samples but yields none.
         IndexFormatError: the dataset's files are missing or damaged.
     """
-    sizes = tuple(sizes) if sizes is not None else (None,) * len(SPLIT_NAMES)
-    dataset = TokenSource(config.data_prefix)
-    cache = IndexCache(config.path_to_cache or default_cache_directory(config.data_prefix))
-    datasets: list[Optional[T5Dataset]] = []
-    for name, document_range, size in zip(SPLIT_NAMES, split_ranges(config.split, dataset.num_documents), sizes):
-        if document_range is None or (document_range[0] == document_range[1] and not size):
-            datasets.append(None)
-            continue
-        description = t5_index_description(dataset, name, document_range, size, config)
 
-        def build(document_range=document_range, size=size) -> dict[str, np.ndarray]:
-            return {"sample_index": build_t5_sample_index(
-                dataset.document_indices, dataset.sequence_lengths, document_range, size,
-                max_t5_tokens(config.encoder_seq_length), config.short_seq_prob, config.random_seed)}
+    def build_index(dataset: TokenSource, document_range: tuple[int, int], size: Optional[int]) -> np.ndarray:
+        return build_t5_sample_index(dataset.document_indices, dataset.sequence_lengths, document_range, size,
+                                     max_t5_tokens(config.encoder_seq_length), config.short_seq_prob,
+                                     config.random_seed)
 
-        stem = f"{os.path.basename(dataset.prefix)}-t5-{name}"
-        sample_index = cache.load_or_build(stem, description, T5_INDEX_KINDS, build)["sample_index"]
-        if size and len(sample_index) == 0:
-            raise EmptySplitError(f"{config.data_prefix}: the {name} split (documents {document_range[0]} to "
-                                  f"{document_range[1]}) yields no T5 sample, but {size} were requested", split=name)
-        logger.info("%s %s: documents [%d, %d), %d T5 samples", config.data_prefix, name, *document_range,
-                    len(sample_index))
-        datasets.append(T5Dataset(dataset, name, tuple(document_range), sample_index, config))
-    return tuple(datasets)
+    splits = build_sentence_splits(
+        config.data_prefix, config.split, config.path_to_cache, sizes, kind="T5", stem="t5",
+        description=lambda dataset, name, document_range, size: t5_index_description(
+            dataset, name, document_range, size, config),
+        build_index=build_index, no_sample="T5 sample")
+    return tuple(None if split is None else T5Dataset(split.dataset, split.name, split.document_range,
+                                                      split.sample_index, config) for split in splits)
 
 
 def format_t5_ids(ids: Sequence[int], sentinel_ids: Sequence[int], decode: Callable[[list[int]], str]) -> str:

@@ -7,6 +7,9 @@ from ..splits import SPLIT_NAMES
 from ..view import TrainingViewConfig, ViewTokens
 from .dataset import T5DatasetConfig, format_t5_ids, inspect_t5_splits
 
+SENTINEL_NAME = "<extra_id_{}>"
+"""How the vocabulary names sentinel k."""
+
 
 def training_view(data: str, config: TrainingViewConfig, view_tokens: ViewTokens) -> list[dict | None]:
     """What a ``train --model t5`` run sees of each split: sample counts and span-corrupted samples.
@@ -24,17 +27,19 @@ def training_view(data: str, config: TrainingViewConfig, view_tokens: ViewTokens
         TokenmillError: damaged dataset, a tokenizer without a T5 convention, or bad sample options.
         ValueError: sample options the T5 dataset rejects (too short a decoder, too few sentinels).
     """
-    special = view_tokens.special_ids(config.vocab_extra_ids)
-    dataset_config = T5DatasetConfig(data_prefix=data, sentinel_ids=special.sentinels, pad_id=special.pad,
-                                     decoder_start_id=special.decoder_start, eos_id=special.eos, split=config.split,
+    vocabulary = view_tokens.vocabulary(config.vocab_extra_ids)
+    sentinels = vocabulary.numbered(SENTINEL_NAME)
+    dataset_config = T5DatasetConfig(data_prefix=data, sentinel_ids=sentinels, pad_id=vocabulary.role("pad"),
+                                     decoder_start_id=vocabulary.role("decoder_start"), eos_id=vocabulary.role("eos"),
+                                     split=config.split,
                                      encoder_seq_length=config.sequence_length,
                                      decoder_seq_length=config.decoder_sequence_length, random_seed=config.seed,
                                      path_to_cache=config.path_to_cache)
     view = inspect_t5_splits(dataset_config, config.sizes, config.sample_ids)
     for split in view:
         for sample in (split["samples"].values() if split is not None else ()):
-            sample["encoder_text"] = format_t5_ids(sample["encoder_input"], special.sentinels, view_tokens.decode)
-            sample["target_text"] = format_t5_ids(sample["decoder_target"], special.sentinels, view_tokens.decode)
+            sample["encoder_text"] = format_t5_ids(sample["encoder_input"], sentinels, view_tokens.decode)
+            sample["target_text"] = format_t5_ids(sample["decoder_target"], sentinels, view_tokens.decode)
     return view
 
 

@@ -1,10 +1,12 @@
 """Shared pieces of the evaluation tests: transformers' own scores of our rows (the reference), the tiny
-GPT-2 with GPT-2's tokenizer they run on, and the job the multi-process tests run."""
+GPT-2 with GPT-2's tokenizer they run on (the `tiny_hf` and `checkpoint` fixtures: import them into a test
+module), and the jobs the multi-process tests run."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf_testing import DATA_TEST, make_tiny_hf
@@ -22,6 +24,22 @@ OVERLAP = 16
 def make_eval_model(directory: Path) -> Path:
     """The tiny random GPT-2 (2 layers, hidden 64) with GPT-2's real tokenizer files (vocabulary 50257)."""
     return make_tiny_hf(directory, vocab_size=50257, with_gpt2_tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory) -> Path:
+    """`make_eval_model` in the test session's folder (one per test module)."""
+    return make_eval_model(tmp_path_factory.mktemp("eval_hf") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_hf, tmp_path_factory) -> Path:
+    """The tiny GPT-2 imported with ``convert-checkpoint --from-hf`` (vocabulary padded to 50304 rows)."""
+    from trainer.convert_cli import main as convert
+
+    root = tmp_path_factory.mktemp("eval_ckpt") / "ckpt"
+    assert convert(["--from-hf", str(tiny_hf), "--to", str(root)]) == 0
+    return root
 
 
 def hf_tokenizer(directory: Path):

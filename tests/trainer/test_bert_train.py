@@ -1,8 +1,7 @@
 """``train --model bert``: masked-LM + sentence-order pre-training of a tiny BERT through the trainer's own loop.
 
 The data is `preprocess-data --split-sentences` of the sample documents with the WordPiece test vocabulary
-(BertWordPieceLowerCase). The command line trains and learns, bf16 runs, resuming is exact, and the
-unimplemented Hugging Face paths refuse in one line.
+(BertWordPieceLowerCase). The command line trains and learns, bf16 runs, resuming is exact.
 """
 
 from __future__ import annotations
@@ -93,11 +92,12 @@ def test_bert_needs_a_wordpiece_vocabulary(wordpiece_sentences, data_test, tmp_p
         train(config)
 
 
-def test_hugging_face_paths_refuse_in_one_line(data_test, tmp_path, capsys):
+def test_an_incomplete_hugging_face_bert_refuses_in_one_line(data_test, tmp_path, capsys):
     from trainer.convert_cli import main as convert_main
 
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text('{"model_type": "bert"}')
     assert convert_main(["--from-hf", str(hf), "--to", str(tmp_path / "ckpt")]) != 0
-    assert "not implemented yet for model bert" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert "num_hidden_layers must be a positive integer" in error and len(error.strip().splitlines()) == 1

@@ -7,8 +7,8 @@ import math
 
 import numpy as np
 import pytest
-from evaluate_testing import (LAMBADA_SAMPLE, OVERLAP, PPL_RTOL, SEQ_LENGTH, WIKI_SAMPLE, hf_row_scores,
-                              hf_tokenizer, make_eval_model)
+from evaluate_testing import (LAMBADA_SAMPLE, OVERLAP, PPL_RTOL, SEQ_LENGTH, WIKI_SAMPLE, checkpoint,  # noqa: F401
+                              hf_row_scores, hf_tokenizer, tiny_hf)
 from hf_testing import hf_model
 
 from trainer.evaluate_cli import main
@@ -17,21 +17,6 @@ from trainer.evaluation.evaluate import EvaluateConfig, evaluate
 from trainer.evaluation.lambada import ClozeExample, cloze_example, cloze_rows, read_lambada, score_cloze
 from trainer.evaluation.perplexity import lm_windows
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory):
-    return make_eval_model(tmp_path_factory.mktemp("eval_hf") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny_hf, tmp_path_factory):
-    """The tiny GPT-2 imported with ``convert-checkpoint --from-hf`` (vocabulary padded to 50304 rows)."""
-    from trainer.convert_cli import main as convert
-
-    root = tmp_path_factory.mktemp("eval_ckpt") / "ckpt"
-    assert convert(["--from-hf", str(tiny_hf), "--to", str(root)]) == 0
-    return root
 
 
 def run(load, task, data, **options) -> dict:

@@ -6,7 +6,7 @@ lm-eval is not a test dependency: some 40 packages)."""
 import numpy as np
 import pytest
 import torch
-from evaluate_testing import LAMBADA_SAMPLE, PPL_RTOL, hf_tokenizer, make_eval_model
+from evaluate_testing import LAMBADA_SAMPLE, PPL_RTOL, hf_tokenizer, tiny_hf  # noqa: F401
 from hf_testing import hf_model
 
 from trainer.evaluation.harness import HarnessScorer, rolling_windows
@@ -14,11 +14,6 @@ from trainer.evaluation.lambada import read_lambada
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
 
 EOT = 50256
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory):
-    return make_eval_model(tmp_path_factory.mktemp("eval_hf") / "tiny")
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from evaluate_testing import (LAMBADA_SAMPLE, OVERLAP, PPL_RTOL, SEQ_LENGTH, WIKI_SAMPLE, hf_row_scores,
-                              hf_tokenizer, job_cloze, job_evaluate, make_eval_model)
+from evaluate_testing import (LAMBADA_SAMPLE, OVERLAP, PPL_RTOL, SEQ_LENGTH, WIKI_SAMPLE, checkpoint,  # noqa: F401
+                              hf_row_scores, hf_tokenizer, job_cloze, job_evaluate, tiny_hf)
 from hf_testing import hf_model
 from process_testing import free_port, run_jobs
 
@@ -17,20 +17,6 @@ from trainer.evaluation.lambada import ClozeExample, cloze_rows, read_lambada
 
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
 PERPLEXITY = {"seq_length": SEQ_LENGTH, "overlapping_eval": OVERLAP}
-
-
-@pytest.fixture(scope="module")
-def tiny_hf(tmp_path_factory):
-    return make_eval_model(tmp_path_factory.mktemp("eval_hf") / "tiny")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny_hf, tmp_path_factory):
-    from trainer.convert_cli import main as convert
-
-    root = tmp_path_factory.mktemp("eval_ckpt") / "ckpt"
-    assert convert(["--from-hf", str(tiny_hf), "--to", str(root)]) == 0
-    return root
 
 
 @pytest.fixture(scope="module")

@@ -55,7 +55,6 @@ def _argv(prefix, data_test, tmp_path: Path, *extra: str) -> list[str]:
     """One step of the test T5 run with only data, batch and tokenizer flags (the shape comes from elsewhere)."""
     config = t5_config(prefix, data_test, str(tmp_path / "cache"), train_iters=1)
     config = dataclasses.replace(config, model=dataclasses.replace(type(config.model)(), hidden_dropout=0.0,
-                                                                   attention_dropout=0.0,
                                                                    make_vocab_size_divisible_by=64),
                                  parallelism=ParallelismConfig())
     return [*argv_for(config), *extra]

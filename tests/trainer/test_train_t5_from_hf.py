@@ -99,7 +99,6 @@ def test_cli_takes_the_shape_refuses_a_contradiction_and_exports(sentence_prefix
                        save=str(tmp_path / "run"))
     # Only data, batch and tokenizer flags: no --model t5 and no shape flags.
     config = dataclasses.replace(config, model=dataclasses.replace(type(config.model)(), hidden_dropout=0.0,
-                                                                   attention_dropout=0.0,
                                                                    make_vocab_size_divisible_by=64),
                                  parallelism=ParallelismConfig())
     argv = [*argv_for(config), "--load-hf", str(hf_t5)]

@@ -18,9 +18,7 @@ from trainer.errors import TrainConfigError
 from trainer.evaluation.detokenize import AUTO
 from trainer.evaluation.lambada import evaluate_lambada
 from trainer.evaluation.perplexity import evaluate_perplexity
-from trainer.evaluation.scoring import EvalModelConfig, check_family, open_eval_model
-from trainer.models.gpt.generate import _resolve_source
-from trainer.models.gpt.sharded import sharded_layout
+from trainer.evaluation.scoring import EvalModelConfig, open_eval_model, resolve_scoring_source
 
 TASKS = ("lambada", "perplexity")
 
@@ -58,10 +56,9 @@ def check_evaluation(config: EvaluateConfig, world_size: int) -> None:
     Raises:
         TokenmillError: one clear message.
     """
-    check_family(config.model.load)
-    source = _resolve_source(config.model.load, config.model.tensor_model_parallel_size)
-    sharded_layout(source.shape, config.model.tensor_model_parallel_size, config.model.pipeline_model_parallel_size,
-                   world_size)
+    model = config.model
+    source = resolve_scoring_source(model.load, model.tensor_model_parallel_size)
+    source.layout(model.tensor_model_parallel_size, model.pipeline_model_parallel_size, world_size)
 
 
 def evaluate(config: EvaluateConfig) -> dict:

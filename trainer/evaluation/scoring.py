@@ -1,9 +1,11 @@
-"""Teacher-forced scoring of token rows with a GPT split over tp x pp x dp processes.
+"""Teacher-forced scoring of token rows with a model split over tp x pp x dp processes.
 
 Every evaluation (LAMBADA, perplexity windows, lm-eval's requests) is a list of `ScoreRow`s: a token
 sequence and the range of its next-token targets that counts. `score_rows` runs them in right-padded
-batches through this rank's `trainer.models.gpt.sharded.ShardedGPT` (the rows split round-robin over the
-data-parallel replicas) and gives every rank every row's `RowScore`.
+batches through this rank's part of the model (the rows split round-robin over the data-parallel
+replicas; the head applied to the counted positions only) and gives every rank every row's `RowScore`.
+A family is evaluated when its `ModelSpec.scoring_source` gives a `ScoringSource` (GPT's:
+`trainer.models.gpt.generate.GPTSource`, scoring through `trainer.models.gpt.sharded.ShardedGPT`).
 
     with open_eval_model(EvalModelConfig(load="gpt2/")) as model:
         scores = score_rows(model, [ScoreRow(np.array([464, 2068, 7586]), first=0, last=2)], "example")
@@ -16,27 +18,26 @@ import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 import numpy as np
 import torch
 import torch.distributed as dist
-from tqdm import tqdm
+from torch.distributed import ProcessGroup
 
 from indexed_dataset.errors import TokenmillError
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
 from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import TrainConfigError
+from trainer.generation.layout import GenerationLayout
+from trainer.generation.replicas import map_over_replicas
 from trainer.hf_files import tokenizer_config_for_directory
-from trainer.models import spec_for_source
-from trainer.models.gpt.generate import _load_weights, _resolve_source
-from trainer.models.gpt.sharded import ShardedGPT, sharded_layout
+from trainer.models import FAMILIES, model_spec, spec_for_source
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# Families whose checkpoints `evaluate` scores (through ShardedGPT); others get one line saying so.
-SCORED_FAMILIES = ("gpt",)
 # Id written into the right padding of a batch: causal attention keeps it out of every real position.
 PAD_TOKEN_ID = 0
 
@@ -93,11 +94,45 @@ class RowScore:
     """How many targets were scored."""
 
 
+class ScoringModel(Protocol):
+    """This rank's part of a model split for scoring (`trainer.models.gpt.sharded.ShardedGPT`)."""
+
+    device: torch.device
+    dp_rank: int
+    dp_group: ProcessGroup | None
+
+    def score(self, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor,
+              greedy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """int64 [batch, n] inputs, positions and targets, bool [batch, n] the counted positions -> float32
+        log-probabilities and bool greedy hits of the counted positions, each [counted], in row-major order
+        (collective over the replica's tp and pp ranks)."""
+
+
+class ScoringSource(Protocol):
+    """A checkpoint or HF directory resolved for scoring (a family's `ModelSpec.scoring_source`)."""
+
+    directory: Path
+    """Where the tokenizer files stored with the model are looked for."""
+    vocab_size: int
+    eod_id: int | None
+
+    @property
+    def max_positions(self) -> int:
+        """Positions the model embeds."""
+
+    def layout(self, tp: int, pp: int, world_size: int) -> GenerationLayout:
+        """The checked layout (raises `TrainConfigError` naming a size that does not divide)."""
+
+    def open_sharded(self, layout: GenerationLayout, device_type: str, device: torch.device, verify: bool
+                     ) -> ScoringModel:
+        """This rank's part of the model, loaded (collective over the process group)."""
+
+
 @dataclass(slots=True)
 class EvalModel:
     """This rank's part of the model, with what the tasks need to know about it."""
 
-    sharded: ShardedGPT
+    sharded: ScoringModel
     tokenizer: Tokenizer | None
     vocab_size: int
     max_positions: int
@@ -114,16 +149,18 @@ class EvalModel:
         return self.tokenizer
 
 
-def check_family(load: str) -> None:
-    """Raise unless ``load`` is a model family that evaluation scores.
+def resolve_scoring_source(load: str, tp: int) -> ScoringSource:
+    """The model of ``load`` (checkpoint or HF directory) as its family scores it.
 
     Raises:
-        TrainConfigError: naming the family.
+        TrainConfigError: the family is not evaluated (naming it and those that are).
+        TokenmillError: the family's own complaint about ``load`` (one clear message).
     """
-    family = spec_for_source(load).name
-    if family not in SCORED_FAMILIES:
-        raise TrainConfigError(f"{load} is a {family} model; evaluation scores {', '.join(SCORED_FAMILIES)} "
-                               "models only")
+    spec = spec_for_source(load)
+    if spec.scoring_source is None:
+        evaluated = [name for name in FAMILIES if model_spec(name).scoring_source is not None]
+        raise TrainConfigError(f"{load} is a {spec.name} model; evaluation scores {', '.join(evaluated)} models only")
+    return spec.scoring_source(load, tp)
 
 
 @contextmanager
@@ -134,21 +171,17 @@ def open_eval_model(config: EvalModelConfig) -> Iterator[EvalModel]:
     Raises:
         TokenmillError: the model, tokenizer or layout is wrong (one clear message, before any collective).
     """
-    check_family(config.load)
+    source = resolve_scoring_source(config.load, config.tensor_model_parallel_size)
     device_type = resolve_device_type(config.device)
     ctx = init_distributed(device_type)
     try:
-        source = _resolve_source(config.load, config.tensor_model_parallel_size)
-        layout = sharded_layout(source.shape, config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
-                                ctx.world_size)
+        layout = source.layout(config.tensor_model_parallel_size, config.pipeline_model_parallel_size, ctx.world_size)
         tokenizer_config = config.tokenizer or tokenizer_config_for_directory(source.directory)
         tokenizer = build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
-        sharded = ShardedGPT(source.shape, source.vocab_size, layout, layout.build_mesh(device_type), ctx.device)
-        _load_weights(sharded, source, verify=not config.no_verify)
-        sharded.finish_loading()
+        sharded = source.open_sharded(layout, device_type, ctx.device, verify=not config.no_verify)
         logger.info("evaluating with tp %d, pp %d, dp %d", layout.tp, layout.pp, layout.dp)
         yield EvalModel(sharded=sharded, tokenizer=tokenizer, vocab_size=source.vocab_size,
-                        max_positions=source.shape.max_position_embeddings,
+                        max_positions=source.max_positions,
                         eod_id=tokenizer.eod if tokenizer is not None else source.eod_id, dp=layout.dp,
                         progress=config.progress and ctx.rank == 0, batch_size=config.batch_size)
     finally:
@@ -171,15 +204,19 @@ def check_rows(model: EvalModel, rows: list[ScoreRow], where: str) -> None:
                                 "model's vocabulary)")
 
 
-def _batch(rows: list[ScoreRow], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded inputs, positions and targets, each int64 [rows, longest - 1]."""
+def _batch(rows: list[ScoreRow], device: torch.device
+           ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded inputs, positions and targets, each int64 [rows, longest - 1], and the counted
+    targets, bool [rows, longest - 1]."""
     width = max(len(row.ids) for row in rows) - 1
     table = np.full((len(rows), width + 1), PAD_TOKEN_ID, dtype=np.int64)
+    scored = np.zeros((len(rows), width), dtype=bool)
     for index, row in enumerate(rows):
         table[index, :len(row.ids)] = row.ids
+        scored[index, row.first:row.last] = True
     table = torch.from_numpy(table).to(device)
     positions = torch.arange(width, device=device).expand(len(rows), width)
-    return table[:, :-1], positions, table[:, 1:]
+    return table[:, :-1], positions, table[:, 1:], torch.from_numpy(scored).to(device)
 
 
 def map_over_dp(model: EvalModel, count: int, run_batch: Callable[[list[int]], list[T]], desc: str) -> list[T]:
@@ -192,26 +229,18 @@ def map_over_dp(model: EvalModel, count: int, run_batch: Callable[[list[int]], l
         desc: the progress bar's label.
     """
     sharded = model.sharded
-    mine = list(range(sharded.dp_rank, count, model.dp))
-    results: dict[int, T] = {}
-    starts = range(0, len(mine), model.batch_size)
-    for start in tqdm(starts, desc=desc, unit="batch", disable=not model.progress, dynamic_ncols=True):
-        batch = mine[start:start + model.batch_size]
-        results |= dict(zip(batch, run_batch(batch)))
-    if sharded.dp_group is not None:
-        gathered: list[dict[int, T]] = [{} for _ in range(model.dp)]
-        dist.all_gather_object(gathered, results, group=sharded.dp_group)
-        results = {k: v for part in gathered for k, v in part.items()}
-    return [results[i] for i in range(count)]
+    return map_over_replicas(count, model.batch_size, sharded.dp_rank, model.dp, sharded.dp_group, run_batch,
+                             desc if model.progress else None)
 
 
 def _score_batch(model: EvalModel, rows: list[ScoreRow], greedy: bool) -> list[RowScore]:
-    tokens, positions, targets = _batch(rows, model.sharded.device)
-    log_probs, hits = model.sharded.score(tokens, positions, targets, greedy)
-    log_probs, hits = log_probs.double().cpu(), hits.cpu()
-    return [RowScore(log_prob=float(log_probs[slot, row.first:row.last].sum()),
-                     greedy=bool(hits[slot, row.first:row.last].all()), count=row.last - row.first)
-            for slot, row in enumerate(rows)]
+    tokens, positions, targets, scored = _batch(rows, model.sharded.device)
+    log_probs, hits = model.sharded.score(tokens, positions, targets, scored, greedy)
+    # The scored positions come row after row, each row's in order: split them back into rows.
+    counts = [row.last - row.first for row in rows]
+    log_probs, hits = log_probs.double().cpu().split(counts), hits.cpu().split(counts)
+    return [RowScore(log_prob=float(row_log_probs.sum()), greedy=bool(row_hits.all()), count=count)
+            for row_log_probs, row_hits, count in zip(log_probs, hits, counts, strict=True)]
 
 
 def score_rows(model: EvalModel, rows: list[ScoreRow], where: str, greedy: bool = True) -> list[RowScore]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +22,7 @@ from trainer.config import TrainConfig
 from trainer.data import MicroBatch, Vocabulary, token_cross_entropy
 
 if TYPE_CHECKING:  # annotations only: these modules ask the registry, which imports the specs
+    from trainer.evaluation.scoring import ScoringSource
     from trainer.generate import Completion, GenerateConfig
     from trainer.hf_convert import ConvertCheckpointConfig
 
@@ -40,7 +41,8 @@ class TrainingParts:
     collate: Callable[[list[dict], int], MicroBatch]
     """Dataset items -> one micro-batch (checking ids against the vocabulary size)."""
     tokens_per_sample: int
-    """Positions a sample trains (for tokens/s)."""
+    """Positions a sample trains, padding included (for tokens/s, which therefore counts positions: T5's
+    encoder + decoder lengths, not the real tokens a span-corruption sample fills)."""
     flops_per_token: float
     """Training FLOPs per position (for TFLOP/s and MFU)."""
 
@@ -78,7 +80,8 @@ class ParallelPlan:
     """(part, tp mesh, sequence parallel): shard a part in place. Raises `TrainConfigError` for a size that
     does not divide or a mode the family lacks."""
     apply_fsdp: Callable[[nn.Module, DeviceMesh, bool], None]
-    """(part, dp mesh, reshard after forward): FSDP2 units of a part."""
+    """(part, dp mesh, reshard after forward, offload_policy=None): FSDP2 units of a part, FSDP2's CPUOffloadPolicy
+    (`trainer.zero`) passed to every ``fully_shard``."""
     blocks: Callable[[nn.Module], list[nn.Module]]
     """A part's transformer blocks (compiled one by one under ``--compile``)."""
     tied_names: Callable[[Shape], tuple[str, str] | None]
@@ -131,3 +134,15 @@ class ModelSpec:
     """(config, world size): raise what every rank of ``generate`` would, before any process starts."""
     parallel_generation: bool
     """Whether ``generate`` runs split over processes (tensor/pipeline/data parallel)."""
+    unused_fields: tuple[str, ...] = ()
+    """`TrainConfig` field names the family never reads (``seq_length`` for T5, the t5 section for GPT):
+    ``train`` refuses each one the user gives, naming its flag, instead of ignoring it."""
+    scoring_source: Callable[[str, int], ScoringSource] | None = None
+    """``evaluate`` and lm-eval's ``tokenmill`` model: (checkpoint or HF directory, tensor-parallel size) -> the
+    model to score with, in any tp x pp x dp layout (`trainer.evaluation.scoring.ScoringSource`); None: the
+    family is not evaluated."""
+
+
+def section_fields(*sections: type) -> tuple[str, ...]:
+    """The field names of `TrainConfig` sections (``section_fields(T5Config)``), for `ModelSpec.unused_fields`."""
+    return tuple(f.name for section in sections for f in fields(section))

@@ -20,18 +20,19 @@ def expert_capacity(num_tokens: int, top_k: int, num_experts: int, capacity_fact
     return math.ceil(capacity_factor * num_tokens * top_k / num_experts)
 
 
-def capacity_keep_mask(experts: torch.Tensor, num_experts: int, capacity: int) -> torch.Tensor:
+def capacity_keep_mask(experts: torch.Tensor, num_experts: int, capacity: int, groups: int = 1) -> torch.Tensor:
     """bool [T, k]: which assignments of ``experts`` int64 [T, k] fit in the experts' capacity.
 
-    Priority (GShard's): every token's first choice before any second choice, then token order; an expert
-    keeps its first ``capacity`` assignments in that order. Deterministic, and the same for a token
-    wherever its micro-batch runs.
+    The T tokens form ``groups`` equal consecutive groups (sequences, for a per-sequence capacity), each
+    with its own ``capacity`` per expert. Priority within a group (GShard's): every token's first choice
+    before any second choice, then token order; an expert keeps its first ``capacity`` assignments in that
+    order. Deterministic, and the same for a token wherever its micro-batch (or sequence) runs.
     """
     top_k = experts.shape[1]
-    by_priority = experts.t().reshape(-1)  # [k T]: slot 0 of all tokens, then slot 1
+    by_priority = experts.view(groups, -1, top_k).transpose(1, 2).reshape(groups, -1)  # [G, k T/G]: slot 0 first
     one_hot = F.one_hot(by_priority, num_experts)
-    position = (one_hot.cumsum(dim=0) * one_hot).sum(dim=1) - 1  # rank of the assignment at its expert
-    return (position < capacity).view(top_k, -1).t()
+    position = (one_hot.cumsum(dim=1) * one_hot).sum(dim=2) - 1  # rank of the assignment at its expert
+    return (position < capacity).view(groups, top_k, -1).transpose(1, 2).reshape(-1, top_k)
 
 
 @dataclass(frozen=True, slots=True)

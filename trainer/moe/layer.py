@@ -69,6 +69,9 @@ class MoELayer(nn.Module):
         if s.capacity_factor is not None:
             capacity = expert_capacity(len(tokens), s.top_k, s.num_experts, s.capacity_factor)
             keep = capacity_keep_mask(routing.experts, s.num_experts, capacity)
+        elif s.expert_capacity is not None:  # per sequence: the rows of x's [..., seq, hidden]
+            sequences = len(tokens) // x.shape[-2] if x.dim() > 2 else 1
+            keep = capacity_keep_mask(routing.experts, s.num_experts, s.expert_capacity, groups=sequences)
         dispatch = plan_dispatch(routing.experts, routing.weights, keep, s.num_experts)
         rows = tokens[dispatch.token_index]
         if self.ep_group is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -33,7 +34,8 @@ class Router(nn.Module):
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens [T, hidden] -> logits float32 [T, E]."""
-        return tokens.float() @ self.weight.float().t()
+        # F.linear: the kernel of an nn.Linear router (transformers' Switch), so imported models match to the ulp.
+        return F.linear(tokens.float(), self.weight.float())
 
 
 def route(logits: torch.Tensor, top_k: int, pre_softmax: bool) -> Routing:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from trainer.errors import TrainConfigError
 
@@ -32,8 +32,13 @@ class MoESettings:
     capacity_factor: float | None = None
     """Tokens an expert takes per micro-batch: ceil(factor x tokens x top_k / experts); assignments past it are
     dropped (the token's residual passes through). None: dropless."""
+    expert_capacity: int | None = None
+    """Assignments an expert takes per sequence, counted in token order (Hugging Face Switch Transformers'
+    ``expert_capacity``): a sequence's later tokens past it are dropped. Exclusive with ``capacity_factor``."""
     layer_freq: int = 1
-    """Every k-th feed-forward layer is a MoE layer, from layer 0 (Megatron's --moe-layer-freq)."""
+    """Every k-th feed-forward layer is a MoE layer, from layer ``layer_offset`` (Megatron's --moe-layer-freq)."""
+    layer_offset: int = 0
+    """The first MoE layer (0: Megatron's placement; Switch Transformers' sparse layers start at 1)."""
     input_jitter_eps: float | None = None
     """Training only: the router sees its input times uniform(1 - eps, 1 + eps) noise (Switch's, DeepSpeed's
     ``noisy_gate_policy='Jitter'``, Megatron's --moe-input-jitter-eps); the experts see the input unchanged."""
@@ -43,10 +48,19 @@ class MoESettings:
             raise ValueError(f"top_k must be one of {TOP_K_CHOICES}, got {self.top_k}")
         if self.top_k > self.num_experts:
             raise ValueError(f"top_k ({self.top_k}) exceeds num_experts ({self.num_experts})")
+        if self.capacity_factor is not None and self.expert_capacity is not None:
+            raise ValueError(f"capacity_factor ({self.capacity_factor}) and expert_capacity ({self.expert_capacity}) "
+                             "exclude each other")
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether feed-forward layer ``index`` (0-based, within its stack) is a MoE layer."""
-        return index % self.layer_freq == 0
+        return index >= self.layer_offset and (index - self.layer_offset) % self.layer_freq == 0
+
+    def same_parameters(self, other: MoESettings | None) -> bool:
+        """Whether a model with ``other`` holds the same expert parameters (experts and MoE layers; routing
+        and capacity do not change a parameter)."""
+        return other is not None and (self.num_experts, self.layer_freq, self.layer_offset) == (
+            other.num_experts, other.layer_freq, other.layer_offset)
 
 
 def moe_settings(moe: MoEConfig) -> MoESettings | None:
@@ -55,8 +69,42 @@ def moe_settings(moe: MoEConfig) -> MoESettings | None:
         return None
     return MoESettings(num_experts=moe.num_experts, top_k=moe.moe_router_topk, pre_softmax=moe.moe_router_pre_softmax,
                        aux_loss_coeff=moe.moe_aux_loss_coeff, z_loss_coeff=moe.moe_z_loss_coeff,
-                       capacity_factor=moe.moe_expert_capacity_factor, layer_freq=moe.moe_layer_freq,
+                       capacity_factor=moe.moe_expert_capacity_factor, expert_capacity=moe.moe_expert_capacity,
+                       layer_freq=moe.moe_layer_freq, layer_offset=moe.moe_layer_offset,
                        input_jitter_eps=moe.moe_input_jitter_eps)
+
+
+def moe_config_fields(settings: MoESettings | None) -> dict[str, Any]:
+    """The `trainer.config.MoEConfig` fields that give ``settings`` back (`moe_settings`'s inverse; all unset
+    for a dense model): what ``train --load`` / ``--load-hf`` take from a MoE checkpoint as defaults."""
+    if settings is None:
+        return {"num_experts": None}
+    return {"num_experts": settings.num_experts, "moe_router_topk": settings.top_k,
+            "moe_router_pre_softmax": settings.pre_softmax, "moe_aux_loss_coeff": settings.aux_loss_coeff,
+            "moe_z_loss_coeff": settings.z_loss_coeff, "moe_expert_capacity_factor": settings.capacity_factor,
+            "moe_expert_capacity": settings.expert_capacity, "moe_layer_freq": settings.layer_freq,
+            "moe_layer_offset": settings.layer_offset, "moe_input_jitter_eps": settings.input_jitter_eps}
+
+
+def expert_layout(settings: MoESettings | None) -> str:
+    """What a model's expert parameters look like, in words (for messages)."""
+    if settings is None:
+        return "none (dense)"
+    return (f"{settings.num_experts} per MoE layer, every {settings.layer_freq} layer(s) from layer "
+            f"{settings.layer_offset}")
+
+
+def moe_settings_from_json(value: dict[str, Any] | None) -> MoESettings | None:
+    """The settings a model_config.json ``shape.moe`` holds (``dataclasses.asdict`` of them; None: dense).
+
+    Raises:
+        TypeError, ValueError: not the fields of `MoESettings`, or values it refuses.
+    """
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise TypeError(f"moe must be an object or null, got {value!r}")
+    return MoESettings(**value)
 
 
 def check_family_has_experts(num_experts: int | None, shape: object, family: str) -> None:

@@ -92,3 +92,16 @@ def bert_loss(outputs: tuple[torch.Tensor, ...], targets: torch.Tensor) -> torch
     if binary:
         loss = loss + _mean_cross_entropy(binary[0], targets[:, -1])
     return loss
+
+
+def span_loss(outputs: tuple[torch.Tensor, ...], targets: torch.Tensor) -> torch.Tensor:
+    """Extractive QA's loss of a micro-batch (Hugging Face ``BertForQuestionAnswering``'s): the mean of the
+    start and end positions' cross-entropies.
+
+    Args:
+        outputs: start and end logits, each float [batch, seq].
+        targets: int64 [batch, 2]: the answer's first and last token positions (0, [CLS], when absent).
+    """
+    start_logits, end_logits = outputs
+    return (F.cross_entropy(start_logits.float(), targets[:, 0])
+            + F.cross_entropy(end_logits.float(), targets[:, 1])) / 2

@@ -20,6 +20,9 @@ embeddings and their LayerNorm, per block q/k/v/o with the post-attention LayerN
 its LayerNorm, ``bert.pooler.dense``, ``cls.predictions.transform`` (``lm_head.dense``/``lm_head.norm``),
 the decoder (``lm_head.decoder``, its weight the word embedding, its bias ``cls.predictions.bias``) and
 ``cls.seq_relationship`` (``binary_head``).
+
+The same class with ``BertShape(head=SPAN_HEAD)`` is ``BertForQuestionAnswering``: no pooler, MLM or binary
+head, but a span head (``qa_outputs``: hidden -> start and end logits per position).
 """
 
 from __future__ import annotations
@@ -41,6 +44,12 @@ VOCAB_ROWS = (TIED_WEIGHT_NAME, TIED_COPY_NAME, "lm_head.decoder.bias")
 NUM_TOKEN_TYPES = 2
 # The binary head's classes (sentence order kept / swapped; HF: next sentence / random).
 NUM_BINARY_CLASSES = 2
+# The model's heads: masked LM (+ sentence order) for pre-training, or start/end logits for extractive QA.
+PRETRAINING_HEAD = "pretraining"
+SPAN_HEAD = "span"
+HEADS = (PRETRAINING_HEAD, SPAN_HEAD)
+# The span head's outputs per position: start and end logits.
+NUM_SPAN_LOGITS = 2
 # Residual output projections, initialised with std / sqrt(2 L) (Megatron's scaled init).
 RESIDUAL_OUTPUTS = ("attention.wo.weight", "feed_forward.w2.weight")
 
@@ -62,6 +71,17 @@ class BertShape:
     init_method_std: float = 0.02
     layernorm_epsilon: float = 1e-12
     """BERT's LayerNorm epsilon (Hugging Face ``layer_norm_eps``)."""
+    head: str = PRETRAINING_HEAD
+    """`PRETRAINING_HEAD` (MLM, and the binary head when ``binary_head``) or `SPAN_HEAD` (extractive QA)."""
+
+    def __post_init__(self) -> None:
+        if self.head not in HEADS:
+            raise ValueError(f"head must be one of {', '.join(HEADS)}, got {self.head!r}")
+
+    @property
+    def has_pooler(self) -> bool:
+        """Whether the model has the pooler and the binary head (pre-training with ``binary_head``)."""
+        return self.head == PRETRAINING_HEAD and self.binary_head
 
 
 def attention_bias(padding_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -148,9 +168,10 @@ class Bert(nn.Module):
         self.embedding_norm: nn.LayerNorm | None = nn.LayerNorm(h, eps=shape.layernorm_epsilon)
         self.embedding_dropout: nn.Dropout | None = nn.Dropout(shape.hidden_dropout)
         self.layers = nn.ModuleDict({str(i): Block(shape) for i in range(shape.num_layers)})
-        self.pooler: nn.Linear | None = nn.Linear(h, h) if shape.binary_head else None
-        self.binary_head: nn.Linear | None = nn.Linear(h, NUM_BINARY_CLASSES) if shape.binary_head else None
-        self.lm_head: LMHead | None = LMHead(shape)
+        self.pooler: nn.Linear | None = nn.Linear(h, h) if shape.has_pooler else None
+        self.binary_head: nn.Linear | None = nn.Linear(h, NUM_BINARY_CLASSES) if shape.has_pooler else None
+        self.lm_head: LMHead | None = LMHead(shape) if shape.head == PRETRAINING_HEAD else None
+        self.qa_outputs: nn.Linear | None = nn.Linear(h, NUM_SPAN_LOGITS) if shape.head == SPAN_HEAD else None
         self.checkpoint_activations = False
         self.init_weights()
         self.tie_weights()
@@ -193,9 +214,26 @@ class Bert(nn.Module):
             h = checkpoint(layer, h, bias, use_reentrant=False) if self.checkpoint_activations else layer(h, bias)
         return h
 
+    def drop_heads(self) -> None:
+        """Remove every head (a pipeline stage before the last)."""
+        self.pooler = self.binary_head = self.lm_head = self.qa_outputs = None
+
+    def has_heads(self) -> bool:
+        """Whether this module (or pipeline stage) computes the outputs rather than passing hidden states on."""
+        return self.lm_head is not None or self.qa_outputs is not None
+
+    def encode(self, tokens: torch.Tensor, token_types: torch.Tensor, padding_mask: torch.Tensor) -> torch.Tensor:
+        """The last hidden states [batch, seq, hidden] of a whole model (Hugging Face ``BertModel``'s
+        ``last_hidden_state``)."""
+        h = self.embed(tokens, token_types)
+        return self.run_layers(h, attention_bias(padding_mask, h.dtype))
+
     def heads(self, h: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """MLM logits [batch, seq, padded_vocab] and, with the binary head, its logits [batch, 2] from the
-        pooled first ([CLS]) position."""
+        pooled first ([CLS]) position; with the span head, start and end logits, each float [batch, seq]."""
+        if self.qa_outputs is not None:
+            start, end = self.qa_outputs(h).unbind(dim=-1)
+            return start.contiguous(), end.contiguous()
         mlm = self.lm_head(h)
         if self.binary_head is None:
             return (mlm,)
@@ -212,7 +250,8 @@ class Bert(nn.Module):
 
         Returns:
             The last stage: (MLM logits [batch, seq, padded_vocab], binary logits [batch, 2]), the
-            latter absent without the binary head. Other stages: (hidden, attention bias).
+            latter absent without the binary head; with the span head (start logits, end logits), each
+            [batch, seq]. Other stages: (hidden, attention bias).
         """
         if self.word_embeddings is not None:
             tokens, token_types, padding_mask = inputs
@@ -221,6 +260,6 @@ class Bert(nn.Module):
         else:
             h, bias = inputs
         h = self.run_layers(h, bias)
-        if self.lm_head is None:
+        if not self.has_heads():
             return h, bias
         return self.heads(h)

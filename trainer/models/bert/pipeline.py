@@ -1,7 +1,7 @@
 """BERT pipeline stages: a manual split of the full model, parameter names unchanged.
 
 Each stage is a deep copy of the full model with the layers outside its range deleted, the embeddings
-kept on the first stage only and the pooler, binary head and MLM head on the last stage only;
+kept on the first stage only and the heads (pooler, binary, MLM or span head) on the last stage only;
 parameter names therefore stay those of the full model. Stages pass (hidden states, attention bias)
 on (`trainer.models.bert.model.Bert.forward`). The last stage's MLM decoder is a copy of the word
 embedding whose gradient is summed with the first stage's (`trainer.pipeline.tied_embedding_group`).
@@ -35,5 +35,5 @@ def split_stage(model: Bert, stage_id: int, num_stages: int) -> Bert:
         stage.word_embeddings = stage.position_embeddings = stage.token_type_embeddings = None
         stage.embedding_norm = stage.embedding_dropout = None
     if stage_id != num_stages - 1:
-        stage.pooler = stage.binary_head = stage.lm_head = None
+        stage.drop_heads()
     return stage

@@ -1,30 +1,54 @@
-"""BERT's `ModelSpec`: what the loop, checkpoints and CLIs ask of the family.
-
-Not yet implemented, each refused with one line naming it: Hugging Face import and export
-(``train --load-hf``, ``convert-checkpoint``); ``generate`` does not apply to an encoder.
-"""
+"""BERT's `ModelSpec`: what the loop, checkpoints and CLIs ask of the family (``generate`` does not apply
+to an encoder and refuses in one line)."""
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
+
+from trainer.checkpoint import resolve_checkpoint
+from trainer.config import DEFAULT_DIVISIBLE_BY, T5Config
 from trainer.errors import TrainConfigError
-from trainer.models.bert.convert import BERT_MODEL, checkpoint_train_defaults, save_model_config
-from trainer.models.bert.data import bert_loss, model_inputs
-from trainer.models.bert.model import TIED_COPY_NAME, TIED_WEIGHT_NAME, VOCAB_ROWS, Bert
+from trainer.hf_convert import ConvertCheckpointConfig
+from trainer.models.bert.convert import (
+    BERT_MODEL,
+    HF_MODEL_TYPE,
+    checkpoint_train_defaults,
+    export_bert_checkpoint,
+    hf_bert_train_defaults,
+    import_hf_bert_checkpoint,
+    load_hf_bert_weights,
+    save_model_config,
+)
+from trainer.models.bert.data import bert_loss, model_inputs, span_loss
+from trainer.models.bert.model import PRETRAINING_HEAD, TIED_COPY_NAME, TIED_WEIGHT_NAME, VOCAB_ROWS, Bert
 from trainer.models.bert.parallelize import apply_fsdp, apply_tp
 from trainer.models.bert.pipeline import split_stage
 from trainer.models.bert.training import layout_rules, training_parts
-from trainer.models.spec import ModelSpec, ParallelPlan
+from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
 
-HF_MODEL_TYPE = "bert"
-HF_NOT_IMPLEMENTED = "Hugging Face BERT import and export are not implemented yet for model bert"
-
-
-def _refuse_hf(*_) -> None:
-    raise TrainConfigError(HF_NOT_IMPLEMENTED)
+# The t5 section's sample options BERT's samples take too (Megatron's flags are shared).
+BERT_T5_FIELDS = ("mask_prob", "short_seq_prob")
 
 
 def _refuse_generation(*_) -> None:
     raise TrainConfigError("generate applies to decoders (gpt, t5); bert is an encoder")
+
+
+def _import_hf_checkpoint(config: ConvertCheckpointConfig) -> Path:
+    return import_hf_bert_checkpoint(config.from_hf, config.to,
+                                     config.make_vocab_size_divisible_by or DEFAULT_DIVISIBLE_BY,
+                                     config.tensor_model_parallel_size or 1)
+
+
+def _export_hf_checkpoint(config: ConvertCheckpointConfig) -> Path:
+    root, iteration = resolve_checkpoint(config.from_checkpoint)
+    return export_bert_checkpoint(root, iteration, config.to_hf, verify=not config.no_verify)
+
+
+def tied_names(shape) -> tuple[str, str] | None:
+    """The word embedding and the MLM decoder's copy of it; None for a model without the MLM head."""
+    return (TIED_WEIGHT_NAME, TIED_COPY_NAME) if shape.head == PRETRAINING_HEAD else None
 
 
 PLAN = ParallelPlan(
@@ -34,10 +58,14 @@ PLAN = ParallelPlan(
     apply_tp=apply_tp,
     apply_fsdp=apply_fsdp,
     blocks=lambda part: list(part.layers.values()),
-    tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME),
+    tied_names=tied_names,
     model_inputs=model_inputs,
     loss=bert_loss,
 )
+
+# The same model with the span head (``BertShape(head=SPAN_HEAD)``), fine-tuned for extractive QA
+# (`trainer.squad`): start/end cross-entropy instead of the pre-training loss.
+SPAN_PLAN = dataclasses.replace(PLAN, loss=span_loss)
 
 SPEC = ModelSpec(
     name=BERT_MODEL,
@@ -47,13 +75,14 @@ SPEC = ModelSpec(
     parallel_plan=PLAN,
     checkpoint_model=Bert,
     vocab_rows=VOCAB_ROWS,
-    load_hf_weights=_refuse_hf,
+    load_hf_weights=load_hf_bert_weights,
     save_model_config=save_model_config,
-    hf_train_defaults=_refuse_hf,
+    hf_train_defaults=hf_bert_train_defaults,
     checkpoint_train_defaults=checkpoint_train_defaults,
-    import_hf_checkpoint=_refuse_hf,
-    export_hf_checkpoint=_refuse_hf,
+    import_hf_checkpoint=_import_hf_checkpoint,
+    export_hf_checkpoint=_export_hf_checkpoint,
     generate=_refuse_generation,
     check_generation=_refuse_generation,
     parallel_generation=False,
+    unused_fields=("fused_qkv", *(name for name in section_fields(T5Config) if name not in BERT_T5_FIELDS)),
 )

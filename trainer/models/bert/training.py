@@ -49,7 +49,7 @@ def bert_shape(config: TrainConfig, vocab_size: int, tp: int) -> BertShape:
     """The model's dimensions with the vocabulary padded for ``tp``."""
     m = config.model
     return BertShape(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
-                     ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.max_position_embeddings,
+                     ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.positions(),
                      padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
                      binary_head=not config.bert.bert_no_binary_head, hidden_dropout=m.hidden_dropout,
                      attention_dropout=m.attention_dropout, init_method_std=m.init_method_std,
@@ -59,7 +59,9 @@ def bert_shape(config: TrainConfig, vocab_size: int, tp: int) -> BertShape:
 def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
     """No sequence parallelism; the pipeline splits the layers."""
     model = config.model
-    rules = [(not config.parallelism.sequence_parallel, "sequence_parallel is not implemented for model bert")]
+    rules = [(model.positions() >= model.seq_length,
+              f"max_position_embeddings ({model.positions()}) is smaller than seq_length ({model.seq_length})"),
+             (not config.parallelism.sequence_parallel, "sequence_parallel is not implemented for model bert")]
     return FamilyLayout(rules, model.num_layers, f"num_layers ({model.num_layers})")
 
 

@@ -50,6 +50,7 @@ from trainer.hf_files import (
 from trainer.models.gpt.hf import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.config import DEFAULT_DIVISIBLE_BY
+from trainer.moe.settings import expert_layout, moe_config_fields, moe_settings_from_json
 from trainer.parallel_dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)
@@ -87,7 +88,8 @@ def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
     if value.get("model", "gpt") != "gpt":
         raise CheckpointError(f"{path}: a {value['model']} checkpoint; export it with convert-checkpoint --to-hf")
     try:
-        return CheckpointModel(shape=GPTShape(**value["shape"]), vocab_size=int(value["vocab_size"]),
+        shape = {**value["shape"], "moe": moe_settings_from_json(value["shape"].get("moe"))}
+        return CheckpointModel(shape=GPTShape(**shape), vocab_size=int(value["vocab_size"]),
                                eod_id=value.get("eod_id"))
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: malformed model config ({error!r})") from None
@@ -107,10 +109,10 @@ def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
 
 
 def gpt_checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """GPT's `checkpoint_train_defaults`: the shape and real vocabulary of model_config.json, the tokenizer."""
+    """GPT's `checkpoint_train_defaults`: the shape, real vocabulary and experts of model_config.json, the tokenizer."""
     model = read_model_config(root)
     return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size)},
-            **tokenizer_train_defaults(root)}
+            "moe": moe_config_fields(model.shape.moe), **tokenizer_train_defaults(root)}
 
 
 def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -225,6 +227,9 @@ def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num
         CheckpointError: no checkpoint, or its tensors do not fit the model.
     """
     root, iteration, model = checkpoint_model(path, num_attention_heads, vocab_size, verify)
+    if model.shape.moe is not None:
+        raise CheckpointError(f"{root} holds a mixture-of-experts GPT ({model.shape.moe.num_experts} experts), "
+                              "which Hugging Face GPT-2 cannot express")
     state = read_checkpoint_state(root, iteration, model.shape, verify)
     tensors = state_to_hf(state, model.shape.num_layers, model.vocab_size)
     config = hf_config_from_shape(model.shape, model.vocab_size, model.eod_id)
@@ -232,6 +237,9 @@ def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num
 
 
 def _check_shape_fits(config: dict[str, Any], shape: GPTShape, source: str) -> None:
+    if shape.moe is not None:
+        raise CheckpointError(f"{source}: a Hugging Face GPT-2 has no experts but the run asks for "
+                              f"{expert_layout(shape.moe)}")
     theirs = shape_from_hf_config(config, shape.padded_vocab_size)
     for field in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
                   "layernorm_epsilon"):

@@ -25,6 +25,7 @@ from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generate import Completion, GenerateConfig, prompt_tokenizer
 from trainer.generation.kv_cache import KVCache
 from trainer.generation.layout import GenerationLayout
+from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import SamplingConfig, next_tokens
 from trainer.hf_files import is_hf_directory, read_hf_config
 from trainer.models.gpt.convert import load_hf_weights, read_model_config
@@ -40,8 +41,8 @@ PAD_TOKEN_ID = 0
 
 
 @dataclass(frozen=True, slots=True)
-class _Source:
-    """Where the weights come from and what the model is."""
+class GPTSource:
+    """Where the weights come from and what the model is (what generation and evaluation load)."""
 
     directory: Path
     """The HF directory, or the checkpoint root (where tokenizer files are looked for)."""
@@ -51,29 +52,49 @@ class _Source:
     iteration: int | None
     """The checkpoint's iteration; None for a HF directory."""
 
+    @property
+    def max_positions(self) -> int:
+        return self.shape.max_position_embeddings
 
-def _resolve_source(path: str, tp: int) -> _Source:
+    def layout(self, tp: int, pp: int, world_size: int) -> GenerationLayout:
+        """`sharded_layout` of this model (raises `TrainConfigError` for a size that does not divide)."""
+        return sharded_layout(self.shape, tp, pp, world_size)
+
+    def open_sharded(self, layout: GenerationLayout, device_type: str, device: torch.device, verify: bool
+                     ) -> ShardedGPT:
+        """This rank's part of the model in ``layout``, its weights loaded and ready to decode and score
+        (collective over the process group when there is one)."""
+        model = ShardedGPT(self.shape, self.vocab_size, layout, layout.build_mesh(device_type), device)
+        if self.iteration is None:
+            load_hf_weights(model.named_parameters(), self.directory, self.shape)
+        else:
+            load_checkpoint(self.directory, self.iteration,
+                            {MODEL_PREFIX + name: p.detach() for name, p in model.named_parameters()}, verify=verify)
+        model.finish_loading()
+        return model
+
+
+def resolve_gpt_source(path: str, tp: int) -> GPTSource:
+    """The model of ``path``, a HF GPT-2 directory or a GPT checkpoint (root or iter_XXXXXXX directory); a HF
+    vocabulary is padded only as far as ``tp`` shards need.
+
+    Raises:
+        HFConversionError: the directory's config is not a GPT-2 we convert.
+        CheckpointError: the checkpoint has no model config.
+    """
     if is_hf_directory(path):
         config = read_hf_config(path)
         check_hf_config(config, f"{path}/config.json")
         # No training layout to match: pad only as far as the tp shards need.
         shape = shape_from_hf_config(config, pad_vocab_size(config["vocab_size"], 1, tp))
-        return _Source(Path(path), shape, config["vocab_size"], config.get("eos_token_id"), iteration=None)
+        return GPTSource(Path(path), shape, config["vocab_size"], config.get("eos_token_id"), iteration=None)
     root, iteration = resolve_checkpoint(path)
     model = read_model_config(root)
     if model is None:
         raise CheckpointError(f"{root} has no {MODEL_CONFIG_FILE}, so its head count and vocabulary size are unknown: "
                               f"export it with convert-checkpoint --from {root} --to-hf DIR --num-attention-heads N "
                               "--vocab-size V and generate from DIR")
-    return _Source(root, model.shape, model.vocab_size, model.eod_id, iteration)
-
-
-def _load_weights(model: ShardedGPT, source: _Source, verify: bool) -> None:
-    if source.iteration is None:
-        load_hf_weights(model.named_parameters(), source.directory, source.shape)
-        return
-    load_checkpoint(source.directory, source.iteration,
-                    {MODEL_PREFIX + name: p.detach() for name, p in model.named_parameters()}, verify=verify)
+    return GPTSource(root, model.shape, model.vocab_size, model.eod_id, iteration)
 
 
 def left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -137,7 +158,7 @@ def _check_positions(prompts: list[list[int]], max_new_tokens: int, limit: int) 
                                f"model's {limit} positions")
 
 
-def _tokenize(config: GenerateConfig, source: _Source) -> tuple[Tokenizer | None, list[str | list[int]],
+def _tokenize(config: GenerateConfig, source: GPTSource) -> tuple[Tokenizer | None, list[str | list[int]],
                                                                list[list[int]]]:
     tokenizer = prompt_tokenizer(config, source.directory)
     given: list[str | list[int]] = [*config.prompts, *config.prompt_ids]
@@ -151,7 +172,7 @@ def _tokenize(config: GenerateConfig, source: _Source) -> tuple[Tokenizer | None
 class GenerationPlan:
     """Everything checked before the first collective: model, tokenizer, prompts, layout."""
 
-    source: _Source
+    source: GPTSource
     tokenizer: Tokenizer | None
     given: list[str | list[int]]
     prompt_ids: list[list[int]]
@@ -165,39 +186,31 @@ def plan_generation(config: GenerateConfig, world_size: int) -> GenerationPlan:
     Raises:
         TokenmillError: the model, tokenizer, prompts or layout are wrong (one clear message).
     """
-    source = _resolve_source(config.load, config.tensor_model_parallel_size)
+    source = resolve_gpt_source(config.load, config.tensor_model_parallel_size)
     tokenizer, given, prompt_ids = _tokenize(config, source)
     largest, smallest = max(max(p) for p in prompt_ids), min(min(p) for p in prompt_ids)
     if largest >= source.vocab_size or smallest < 0:
         raise TrainConfigError(f"prompt token ids must be in [0, {source.vocab_size}) (the model's vocabulary); "
                                f"found {largest if largest >= source.vocab_size else smallest}")
     _check_positions(prompt_ids, config.max_new_tokens, source.shape.max_position_embeddings)
-    layout = sharded_layout(source.shape, config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
-                            world_size)
+    layout = source.layout(config.tensor_model_parallel_size, config.pipeline_model_parallel_size, world_size)
     eod_id = tokenizer.eod if tokenizer is not None else source.eod_id
     return GenerationPlan(source, tokenizer, given, prompt_ids, eod_id, layout)
 
 
-def _generate_here(config: GenerateConfig, plan: GenerationPlan, device_type: str, device: torch.device) -> dict:
+def _generate_here(config: GenerateConfig, plan: GenerationPlan, device_type: str,
+                   device: torch.device) -> list[list[int]]:
     """This rank's share: its data-parallel replica's prompts, then every replica's results."""
     layout, prompt_ids = plan.layout, plan.prompt_ids
-    model = ShardedGPT(plan.source.shape, plan.source.vocab_size, layout, layout.build_mesh(device_type), device)
-    _load_weights(model, plan.source, verify=not config.no_verify)
-    model.finish_loading()
+    model = plan.source.open_sharded(layout, device_type, device, verify=not config.no_verify)
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    mine = list(range(model.dp_rank, len(prompt_ids), layout.dp))
     logger.info("generating for %d prompts (tp %d, pp %d, dp %d)", len(prompt_ids), layout.tp, layout.pp, layout.dp)
-    results: dict[int, list[int]] = {}
-    for start in range(0, len(mine), config.batch_size):
-        batch = mine[start:start + config.batch_size]
-        generated = generate_ids(model, [prompt_ids[i] for i in batch], config.max_new_tokens, config.sampling,
-                                 plan.eod_id, generator)
-        results |= dict(zip(batch, generated))
-    if model.dp_group is not None:
-        gathered: list[dict[int, list[int]]] = [{} for _ in range(layout.dp)]
-        dist.all_gather_object(gathered, results, group=model.dp_group)
-        results = {k: v for part in gathered for k, v in part.items()}
-    return results
+
+    def run_batch(indices: list[int]) -> list[list[int]]:
+        return generate_ids(model, [prompt_ids[i] for i in indices], config.max_new_tokens, config.sampling,
+                            plan.eod_id, generator)
+
+    return map_over_replicas(len(prompt_ids), config.batch_size, model.dp_rank, layout.dp, model.dp_group, run_batch)
 
 
 def generate_gpt(config: GenerateConfig) -> list[Completion]:

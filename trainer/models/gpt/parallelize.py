@@ -6,7 +6,7 @@ hooks. The order they are applied in, and the family-agnostic wrappers (activati
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -59,11 +59,16 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     model.tie_weights()
 
 
-def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool) -> None:
+def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool,
+               offload_policy: OffloadPolicy | None = None) -> None:
     """FSDP2: one parameter group per block, the embeddings/norm/head in the root group.
 
-    ``reshard_after_forward`` is False under pipelining, where it would all-gather once per micro-batch.
+    ``reshard_after_forward``: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP; `trainer.zero`);
+    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU.
     """
+    offload_policy = offload_policy or OffloadPolicy()  # fully_shard's default: no offload
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
+                    offload_policy=offload_policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
+                offload_policy=offload_policy)

@@ -2,10 +2,12 @@
 
 It reuses the trainer's pieces (`split_stage`, `apply_tp` without sequence parallelism, the
 ``(pp, dp, tp)`` mesh) and moves hidden states between pipeline stages with plain point-to-point
-sends in a fixed order, which gloo runs on CPU. The last stage picks the next tokens and broadcasts
-them over its pipeline group, so every rank leaves `next_tokens` with the same ids. `ShardedGPT.score`
-(evaluation) gives each position's log-probability of a target, the log-softmax taken over the vocabulary
-shards without gathering them (`vocab_parallel_scores`).
+sends in a fixed order, which gloo runs on CPU. The last stage keeps the final norm and the output head
+apart from its blocks and applies them only to the positions that are read: the last one while decoding
+(the next tokens, broadcast over the pipeline group so every rank leaves `next_tokens` with the same
+ids), the scored ones in `ShardedGPT.score` (evaluation: each scored position's log-probability of its
+target, the log-softmax taken over the vocabulary shards without gathering them, `vocab_parallel_scores`,
+a bounded number of rows at a time).
 """
 
 from __future__ import annotations
@@ -19,11 +21,19 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from trainer.generation.head import PretransposedHead
 from trainer.generation.kv_cache import KVCache
 from trainer.generation.layout import GenerationLayout
 from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
 from trainer.models.gpt.parallelize import apply_tp
 from trainer.models.gpt.pipeline import split_stage
+
+# Logit elements (float32) one scoring step holds per rank: the head and log-softmax run over the scored
+# rows in chunks of about 16 MiB rather than over [rows, vocab] at once (GPT-2's vocabulary at batch 8 x
+# 1024 positions would be 1.6 GB of logits, plus as much again for the log-softmax); ~83 rows of GPT-2's
+# 50257 columns per chunk. On CPU (one thread, 4 x 256 GPT-2 shape, every position of 512 scored) this
+# chunk gave ~3000 tokens/s against ~2300 in one pass, 2^21 and 2^24 elements ~2950 and ~2250.
+SCORE_CHUNK_ELEMENTS = 1 << 22
 
 
 def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int) -> GenerationLayout:
@@ -39,23 +49,6 @@ def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int) -> Genera
     return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, {"num_layers": shape.num_layers})
 
 
-class PretransposedHead(nn.Module):
-    """The output head as ``h @ W.T`` with ``W.T`` stored contiguous (a decoding-only copy).
-
-    While decoding, the head is a matrix-vector product over the whole vocabulary. On CPU that is
-    where ``F.linear`` is slowest: GPT-2's 50257 x 768 head at batch 1 on one thread takes ~12 ms
-    through ``F.linear`` and ~6 ms against a contiguous transpose (about a quarter of a GPT-2-small
-    step; benchmarks/generate.py times the whole loop).
-    """
-
-    def __init__(self, weight: torch.Tensor) -> None:
-        super().__init__()
-        self.register_buffer("weight_t", weight.detach().t().contiguous(), persistent=False)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return h @ self.weight_t
-
-
 class ShardedGPT:
     """This rank's pipeline stage of ``GPT(shape)``, sharded over the tp ranks, ready to decode."""
 
@@ -63,6 +56,7 @@ class ShardedGPT:
                  device: torch.device) -> None:
         self.vocab_size = vocab_size
         self.device = device
+        self.tp = layout.tp
         with torch.device(device):
             model = GPT(shape)
         self.pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
@@ -74,6 +68,9 @@ class ShardedGPT:
         self.pp_group = mesh.get_group("pp") if layout.pp > 1 else None
         self.dp_group = mesh.get_group("dp") if mesh is not None and layout.dp > 1 else None
         self.dp_rank = mesh.get_local_rank("dp") if mesh is not None else 0
+        # The last stage's final norm and head, moved out of the stage by `finish_loading`.
+        self.final_norm: nn.Module | None = None
+        self.head: nn.Module | None = None
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Parameters under full-model names (a last stage's tied head copy is ``tok_embeddings.weight``)."""
@@ -84,11 +81,43 @@ class ShardedGPT:
         return named
 
     def finish_loading(self) -> None:
-        """Call once the weights are in place: on CPU, a plain (not tensor-parallel) head becomes a
-        `PretransposedHead` copy; parameters are not to be loaded again afterwards."""
-        head = self.stage.output
+        """Call once the weights are in place, before `next_tokens` or `score`: the last stage's final norm
+        and head move out of the stage (which then returns hidden states, so the head runs on the positions
+        read only), and on CPU a plain (not tensor-parallel) head becomes a `PretransposedHead` copy;
+        parameters are not to be loaded again afterwards."""
+        if not self.is_last or self.head is not None:
+            return
+        head, self.final_norm = self.stage.output, self.stage.norm
+        self.stage.output = self.stage.norm = None
         if self.device.type == "cpu" and isinstance(head, nn.Linear) and not isinstance(head.weight, DTensor):
-            self.stage.output = PretransposedHead(head.weight)
+            head = PretransposedHead(head.weight)
+        self.head = head
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """The last stage's final norm and head: hidden states [..., hidden] -> logits [..., padded vocab]
+        (a DTensor sharded on its last dim under tensor parallelism)."""
+        return self.head(self.final_norm(h))
+
+    def _hidden_states(self, tokens: torch.Tensor, positions: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+        """This stage's blocks over a batch (receiving from the previous stage, sending to the next):
+        float [batch, n, hidden], before the final norm."""
+        batch, n = tokens.shape
+        if self.is_first:
+            h = self.stage(tokens, positions, kv_cache=cache)
+        else:
+            h = torch.empty(batch, n, self.stage.shape.hidden_size, device=self.device)
+            dist.recv(h, src=self._stage_rank(self.pp_rank - 1), group=self.pp_group)
+            h = self.stage(h, None, kv_cache=cache)
+        if not self.is_last:
+            dist.send(h.contiguous(), dst=self._stage_rank(self.pp_rank + 1), group=self.pp_group)
+        return h
+
+    def _broadcast_from_last(self, *tensors: torch.Tensor) -> None:
+        """The last stage's values of ``tensors`` on every rank of the pipeline (in place)."""
+        if self.pp_group is not None:
+            last = self._stage_rank(dist.get_world_size(self.pp_group) - 1)
+            for tensor in tensors:
+                dist.broadcast(tensor, src=last, group=self.pp_group)
 
     def _stage_rank(self, pp_rank: int) -> int:
         return dist.get_global_rank(self.pp_group, pp_rank)
@@ -107,58 +136,55 @@ class ShardedGPT:
         Returns:
             int64 [batch], identical on every rank of the pipeline.
         """
-        batch, n = tokens.shape
-        if self.is_first:
-            h = self.stage(tokens, positions, kv_cache=cache)
+        h = self._hidden_states(tokens, positions, cache)
+        if self.is_last:
+            logits = self.logits(h[:, -1])
+            logits = logits.full_tensor() if isinstance(logits, DTensor) else logits
+            chosen = choose(logits[:, :self.vocab_size].float())
         else:
-            h = torch.empty(batch, n, self.stage.shape.hidden_size, device=self.device)
-            dist.recv(h, src=self._stage_rank(self.pp_rank - 1), group=self.pp_group)
-            h = self.stage(h, None, kv_cache=cache)
-        if not self.is_last:
-            dist.send(h.contiguous(), dst=self._stage_rank(self.pp_rank + 1), group=self.pp_group)
-            chosen = torch.empty(batch, dtype=torch.int64, device=self.device)
-        else:
-            logits = h.full_tensor() if isinstance(h, DTensor) else h
-            chosen = choose(logits[:, -1, :self.vocab_size].float())
-        if self.pp_group is not None:
-            dist.broadcast(chosen, src=self._stage_rank(dist.get_world_size(self.pp_group) - 1), group=self.pp_group)
+            chosen = torch.empty(tokens.shape[0], dtype=torch.int64, device=self.device)
+        self._broadcast_from_last(chosen)
         return chosen
 
     @torch.no_grad()
-    def score(self, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, greedy: bool = True
-              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Teacher-forced scores of a batch: each position's log-probability of its target, and whether
-        the target is the model's greedy choice there (collective over the model's tp and pp ranks).
+    def score(self, tokens: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, scored: torch.Tensor,
+              greedy: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """Teacher-forced scores of a batch's scored positions: each one's log-probability of its target,
+        and whether the target is the model's greedy choice there (collective over the model's tp and pp
+        ranks). The final norm and head run on the scored positions only.
 
         Args:
             tokens: int64 [batch, n] input ids (read by the first stage only).
             positions: int64 [batch, n] their position ids.
             targets: int64 [batch, n] the id each position should predict (any valid id where unscored).
+            scored: bool [batch, n] the positions that count (the same on every rank).
             greedy: find the argmax too (a pass over the logits that perplexity does without).
 
         Returns:
-            (float32 [batch, n] log-probabilities, bool [batch, n] greedy hits: all False without
-            ``greedy``), identical on every rank of the pipeline.
+            (float32 [scored positions] log-probabilities, bool [scored positions] greedy hits: all False
+            without ``greedy``), in row-major order of ``scored``, identical on every rank of the pipeline.
         """
-        batch, n = tokens.shape
-        if self.is_first:
-            h = self.stage(tokens, positions)
-        else:
-            h = torch.empty(batch, n, self.stage.shape.hidden_size, device=self.device)
-            dist.recv(h, src=self._stage_rank(self.pp_rank - 1), group=self.pp_group)
-            h = self.stage(h, None)
-        if not self.is_last:
-            dist.send(h.contiguous(), dst=self._stage_rank(self.pp_rank + 1), group=self.pp_group)
-            log_probs = torch.empty(batch, n, device=self.device)
-            hits = torch.empty(batch, n, dtype=torch.uint8, device=self.device)
-        else:
-            log_probs, hits = vocab_parallel_scores(h, targets, self.vocab_size, greedy)
+        h = self._hidden_states(tokens, positions, None)
+        count = int(scored.sum())
+        if self.is_last:
+            log_probs, hits = self._score_hidden(h[scored], targets[scored], greedy)
             hits = hits.to(torch.uint8)  # gloo broadcasts no bool tensors
-        if self.pp_group is not None:
-            last = self._stage_rank(dist.get_world_size(self.pp_group) - 1)
-            dist.broadcast(log_probs, src=last, group=self.pp_group)
-            dist.broadcast(hits, src=last, group=self.pp_group)
+        else:
+            log_probs = torch.empty(count, device=self.device)
+            hits = torch.empty(count, dtype=torch.uint8, device=self.device)
+        self._broadcast_from_last(log_probs, hits)
         return log_probs, hits.bool()
+
+    def _score_hidden(self, h: torch.Tensor, targets: torch.Tensor, greedy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        """`vocab_parallel_scores` of hidden states [rows, hidden] against targets int64 [rows], the head
+        applied to `SCORE_CHUNK_ELEMENTS` logits at a time (every tp rank takes the same chunks)."""
+        local_vocab = self.stage.shape.padded_vocab_size // self.tp  # a tensor-parallel head is split over tp
+        step = max(1, SCORE_CHUNK_ELEMENTS // local_vocab)
+        parts = [vocab_parallel_scores(self.logits(h[start:start + step]), targets[start:start + step],
+                                       self.vocab_size, greedy) for start in range(0, len(h), step)]
+        if not parts:
+            return torch.empty(0, device=self.device), torch.empty(0, dtype=torch.bool, device=self.device)
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 def vocab_parallel_scores(logits: torch.Tensor, targets: torch.Tensor, vocab_size: int, greedy: bool = True
@@ -168,17 +194,17 @@ def vocab_parallel_scores(logits: torch.Tensor, targets: torch.Tensor, vocab_siz
 
     Under tensor parallelism ``logits`` is a DTensor sharded over the vocabulary (the head's layout):
     each rank reduces its own shard (its log-sum-exp, its best id, its slice of the target logit) and
-    three small all-reduces over the tp group combine them, so the full [batch, seq, vocab] logits are
+    three small all-reduces over the tp group combine them, so the full [..., vocab] logits are
     never gathered. Ties in the argmax go to the lowest id, as ``torch.argmax`` does.
 
     Args:
-        logits: [batch, seq, padded_vocab] (a plain tensor, or a DTensor sharded on its last dim).
-        targets: int64 [batch, seq], ids in [0, vocab_size).
+        logits: [..., padded_vocab] (a plain tensor, or a DTensor sharded on its last dim).
+        targets: int64 [...], ids in [0, vocab_size).
         vocab_size: the real vocabulary (columns at or past it are padding).
         greedy: find the argmax (else the hits are all False, and one pass over the logits is saved).
 
     Returns:
-        (float32 log-probabilities [batch, seq], bool greedy hits [batch, seq]).
+        (float32 log-probabilities [...], bool greedy hits [...]).
     """
     group = None
     if isinstance(logits, DTensor):

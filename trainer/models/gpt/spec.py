@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from trainer.data import Vocabulary
-from trainer.config import DEFAULT_DIVISIBLE_BY
+from trainer.config import DEFAULT_DIVISIBLE_BY, BertConfig, T5Config
 from trainer.hf_convert import ConvertCheckpointConfig
 from trainer.models.gpt.convert import (
     CheckpointModel,
@@ -19,12 +19,12 @@ from trainer.models.gpt.convert import (
     save_model_config,
 )
 from trainer.models.gpt.fused_qkv import from_checkpoint, to_checkpoint
-from trainer.models.gpt.generate import check_gpt_generation, generate_gpt
+from trainer.models.gpt.generate import check_gpt_generation, generate_gpt, resolve_gpt_source
 from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
 from trainer.models.gpt.parallelize import apply_fsdp, apply_tp
 from trainer.models.gpt.pipeline import split_stage
 from trainer.models.gpt.training import layout_rules, training_parts
-from trainer.models.spec import ModelSpec, ParallelPlan
+from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
 
 HF_MODEL_TYPE = "gpt2"
 
@@ -88,4 +88,6 @@ SPEC = ModelSpec(
     generate=generate_gpt,
     check_generation=check_gpt_generation,
     parallel_generation=True,
+    scoring_source=resolve_gpt_source,
+    unused_fields=section_fields(T5Config, BertConfig),
 )

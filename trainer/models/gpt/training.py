@@ -16,7 +16,7 @@ def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
     """The model's dimensions with the vocabulary padded for ``tp``."""
     m = config.model
     return GPTShape(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
-                    ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.max_position_embeddings,
+                    ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.positions(),
                     padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
                     hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
                     init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon,
@@ -26,8 +26,10 @@ def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
 def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
     """Positions and (under sequence parallelism) the sequence split over tp; the pipeline splits the layers."""
     model = config.model
-    rules = [(model.max_position_embeddings % tp == 0,
-              f"max_position_embeddings ({model.max_position_embeddings}) is not divisible by "
+    rules = [(model.positions() >= model.seq_length,
+              f"max_position_embeddings ({model.positions()}) is smaller than seq_length ({model.seq_length})"),
+             (model.positions() % tp == 0,
+              f"max_position_embeddings ({model.positions()}) is not divisible by "
               f"tensor_model_parallel_size ({tp})"),
              (not config.parallelism.sequence_parallel or model.seq_length % tp == 0,
               f"seq_length ({model.seq_length}) is not divisible by tensor_model_parallel_size ({tp}), "

@@ -18,9 +18,12 @@ import json
 import os
 from pathlib import Path
 
+from torch.utils.data import Dataset
+
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, TokenizerError
 from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids, t5_text_tokenizer
-from samplers.t5.dataset import T5Dataset, T5DatasetConfig, build_t5_datasets
+from samplers.t5.blend import build_t5_blend
+from samplers.t5.dataset import T5DatasetConfig
 from trainer.config import DataConfig, ModelConfig, MoEConfig, T5Config
 from trainer.errors import TrainConfigError
 from trainer.parallel_dims import pad_vocab_size
@@ -102,15 +105,14 @@ def t5_text_tokenizer_for(tokenizer: Tokenizer, tokenizer_config: TokenizerConfi
 
 
 def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5SpecialIds,
-                               sizes: tuple[int, int, int]) -> tuple[T5Dataset | None, ...]:
-    """The train, valid and test T5 datasets of the run (one sentence-split dataset prefix).
+                               sizes: tuple[int, int, int]) -> tuple[Dataset | None, ...]:
+    """The train, valid and test T5 datasets of the run: one sentence-split dataset, or a blend of several
+    (``data_path`` W1 P1 W2 P2 ..., weighted as GPT blends are; ``dataset`` P1 P2: by their sample counts).
 
     Raises:
-        TrainConfigError: a blend of several prefixes (not implemented for T5), or bad sample options.
+        TrainConfigError: bad sample options or blend weights.
     """
-    prefixes, _ = data.blend
-    if len(prefixes) != 1:
-        raise TrainConfigError(f"T5 trains on one dataset prefix; got {len(prefixes)} ({' '.join(prefixes)})")
+    prefixes, weights = data.blend
     try:
         config = T5DatasetConfig(data_prefix=prefixes[0], sentinel_ids=special.sentinels, pad_id=special.pad,
                                  decoder_start_id=special.decoder_start, eos_id=special.eos, split=data.split,
@@ -118,6 +120,6 @@ def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5Specia
                                  noise_density=t5.mask_prob, mean_noise_span_length=t5.mean_noise_span_length,
                                  short_seq_prob=t5.short_seq_prob, random_seed=data.seed,
                                  path_to_cache=data.data_cache_path)
-    except ValueError as error:
+        return build_t5_blend(prefixes, weights, config, sizes)
+    except ValueError as error:  # BlendFormatError too
         raise TrainConfigError(str(error)) from error
-    return build_t5_datasets(config, sizes)

@@ -39,6 +39,8 @@ from trainer.hf_files import (
 from trainer.models.t5.hf import load_hf_t5, save_hf_t5
 from trainer.parallel_dims import pad_vocab_size
 from trainer.models.t5.model import T5, T5Shape
+from trainer.models.t5.switch import SWITCH_MODEL_TYPE
+from trainer.moe.settings import expert_layout, moe_config_fields, moe_settings_from_json
 
 T5_MODEL = "t5"
 # The vocabulary rows: the shared embedding and the head (untied, or a pipeline stage's tied copy).
@@ -56,7 +58,10 @@ def _pad_rows(tensor: torch.Tensor, rows: int) -> torch.Tensor:
 
 def save_t5_model_config(root: str | os.PathLike, shape: T5Shape, vocab_size: int, eos_id: int, pad_id: int,
                          model_type: str) -> None:
-    """Write a T5 checkpoint root's ``model_config.json`` (call on one rank)."""
+    """Write a T5 checkpoint root's ``model_config.json`` (call on one rank). A T5 with experts records
+    model_type switch_transformers whatever ``model_type`` says: that is what it exports as."""
+    if shape.moe is not None:
+        model_type = SWITCH_MODEL_TYPE
     Path(root).mkdir(parents=True, exist_ok=True)
     write_json(Path(root) / MODEL_CONFIG_FILE, {"model": T5_MODEL, "shape": dataclasses.asdict(shape),
                                                 "vocab_size": vocab_size, "eos_id": eos_id, "pad_id": pad_id,
@@ -76,7 +81,8 @@ def read_t5_model_config(root: str | os.PathLike) -> dict | None:
     if value.get("model") != T5_MODEL:
         return None
     try:
-        return {**value, "shape": T5Shape(**value["shape"]), "vocab_size": int(value["vocab_size"])}
+        shape = T5Shape(**{**value["shape"], "moe": moe_settings_from_json(value["shape"].get("moe"))})
+        return {**value, "shape": shape, "vocab_size": int(value["vocab_size"])}
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: malformed model config ({error!r})") from None
 
@@ -166,6 +172,7 @@ def t5_checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict]:
 def t5_shape_defaults(shape: T5Shape, vocab_size: int) -> dict[str, dict]:
     """The `TrainConfig` fields, by section, that rebuild ``shape`` over a real vocabulary of ``vocab_size``."""
     return {
+        "moe": moe_config_fields(shape.moe),
         "model": {"model": T5_MODEL, "num_layers": shape.num_encoder_layers, "hidden_size": shape.d_model,
                   "num_attention_heads": shape.num_heads, "ffn_hidden_size": shape.d_ff,
                   "vocab_size": vocab_size, "layernorm_epsilon": shape.layer_norm_epsilon},
@@ -201,6 +208,10 @@ def load_hf_t5_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir:
         theirs, ours = getattr(model.shape, field), getattr(shape, field)
         if theirs != ours:
             raise CheckpointError(f"{source}: the model has {field} {theirs} but the run asks for {ours}")
+    if (model.shape.moe is None) != (shape.moe is None) or (
+            shape.moe is not None and not shape.moe.same_parameters(model.shape.moe)):
+        raise CheckpointError(f"{source}: the model has experts {expert_layout(model.shape.moe)} but the run "
+                              f"asks for {expert_layout(shape.moe)}")
     if model.shape.vocab_size > shape.vocab_size:
         raise CheckpointError(f"{source}: the model has vocab_size {model.shape.vocab_size} but the run's "
                               f"(padded) vocabulary has {shape.vocab_size}")

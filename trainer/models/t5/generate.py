@@ -31,7 +31,7 @@ from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generate import Completion, GenerateConfig, prompt_tokenizer
 from trainer.generation.layout import GenerationLayout
-from trainer.generation.replicas import generate_over_replicas
+from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import next_tokens
 from trainer.hf_files import read_hf_config, tokenizer_config_for_directory
 from trainer.models.t5.config import t5_text_tokenizer_for
@@ -234,7 +234,7 @@ def check_t5_generation(config: GenerateConfig, world_size: int) -> None:
 
 
 def _generate_here(config: GenerateConfig, plan: T5GenerationPlan, device_type: str,
-                   device: torch.device) -> dict[int, list[int]]:
+                   device: torch.device) -> list[list[int]]:
     """This rank's share: its data-parallel replica's prompts, then every replica's results."""
     layout, source = plan.layout, plan.source
     model = ShardedT5(source.shape, source.vocab_size, layout, layout.build_mesh(device_type), device)
@@ -249,8 +249,8 @@ def _generate_here(config: GenerateConfig, plan: T5GenerationPlan, device_type: 
         return generate_ids(model, [plan.prompt_ids[i] for i in indices], config.max_new_tokens, choose,
                             source.special)
 
-    return generate_over_replicas(len(plan.prompt_ids), config.batch_size, model.dp_rank, layout.dp, model.dp_group,
-                                  run_batch)
+    return map_over_replicas(len(plan.prompt_ids), config.batch_size, model.dp_rank, layout.dp, model.dp_group,
+                             run_batch)
 
 
 def generate_t5(config: GenerateConfig) -> list[Completion]:

@@ -28,8 +28,19 @@ from trainer.config import FEED_FORWARD_KINDS
 from trainer.hf_files import is_hf_directory, read_hf_config, read_hf_weights, write_hf_directory
 from trainer.errors import HFConversionError
 from trainer.models.t5.model import T5, T5Shape
+from trainer.models.t5.switch import (
+    SWITCH_ARCHITECTURE,
+    SWITCH_MODEL_TYPE,
+    expert_tensor_names,
+    feed_forward_prefixes,
+    moe_from_switch_config,
+    stack_experts,
+    switch_config_fields,
+    unstack_experts,
+)
 
-T5_ARCHITECTURES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration"}
+T5_ARCHITECTURES = {"t5": "T5ForConditionalGeneration", "mt5": "MT5ForConditionalGeneration",
+                    SWITCH_MODEL_TYPE: SWITCH_ARCHITECTURE}
 # The encoder's and decoder's copies of the shared embedding: transformers ties both to shared.weight,
 # so a file may hold them, equal to it.
 _EMBEDDING_COPIES = ("encoder.embed_tokens.weight", "decoder.embed_tokens.weight")
@@ -49,9 +60,31 @@ def _mlp_names(ours: str, hf: str, gated: bool) -> dict[str, str]:
     return {f"{ours}.w1.weight": f"{hf}.wi.weight", f"{ours}.w2.weight": f"{hf}.wo.weight"}
 
 
-def hf_t5_names(shape: T5Shape) -> dict[str, str]:
-    """Our parameter names -> Hugging Face names (the head only when untied)."""
+def _feed_forward_names(shape: T5Shape) -> dict[str, str]:
+    """Every block's MLP: a dense one's weights (``DenseReluDense``; Switch Transformers: ``mlp``), a MoE
+    layer's router (its experts are stacked: `expert_names`)."""
     gated = shape.feed_forward == "gated-gelu"
+    names = {}
+    for index, ours, hf in feed_forward_prefixes(shape.num_encoder_layers, shape.num_decoder_layers):
+        if shape.moe is None:
+            names |= _mlp_names(ours, f"{hf}.DenseReluDense", gated)
+        elif shape.moe.is_moe_layer(index):
+            names[f"{ours}.router.weight"] = f"{hf}.mlp.router.classifier.weight"
+        else:
+            names |= _mlp_names(ours, f"{hf}.mlp", gated)
+    return names
+
+
+def expert_names(shape: T5Shape) -> dict[str, list[str]]:
+    """Our stacked expert weights -> Hugging Face's per-expert names (none for a dense T5)."""
+    if shape.moe is None:
+        return {}
+    return expert_tensor_names(shape.moe, shape.num_encoder_layers, shape.num_decoder_layers)
+
+
+def hf_t5_names(shape: T5Shape) -> dict[str, str]:
+    """Our parameter names -> Hugging Face names, one to one (the head only when untied; stacked experts:
+    `expert_names`)."""
     bias = "block.0.layer.0.SelfAttention.relative_attention_bias.weight"
     names = {"shared.weight": "shared.weight",
              "encoder_position_bias.embedding.weight": f"encoder.{bias}",
@@ -61,17 +94,16 @@ def hf_t5_names(shape: T5Shape) -> dict[str, str]:
     for i in range(shape.num_encoder_layers):
         ours, hf = f"encoder_layers.{i}", f"encoder.block.{i}.layer"
         names |= _attention_names(f"{ours}.attention", f"{hf}.0.SelfAttention")
-        names |= _mlp_names(f"{ours}.feed_forward", f"{hf}.1.DenseReluDense", gated)
         names |= {f"{ours}.attention_norm.weight": f"{hf}.0.layer_norm.weight",
                   f"{ours}.ffn_norm.weight": f"{hf}.1.layer_norm.weight"}
     for i in range(shape.num_decoder_layers):
         ours, hf = f"decoder_layers.{i}", f"decoder.block.{i}.layer"
         names |= _attention_names(f"{ours}.attention", f"{hf}.0.SelfAttention")
         names |= _attention_names(f"{ours}.cross_attention", f"{hf}.1.EncDecAttention")
-        names |= _mlp_names(f"{ours}.feed_forward", f"{hf}.2.DenseReluDense", gated)
         names |= {f"{ours}.attention_norm.weight": f"{hf}.0.layer_norm.weight",
                   f"{ours}.cross_attention_norm.weight": f"{hf}.1.layer_norm.weight",
                   f"{ours}.ffn_norm.weight": f"{hf}.2.layer_norm.weight"}
+    names |= _feed_forward_names(shape)
     if not shape.tie_word_embeddings:
         names["output.weight"] = "lm_head.weight"
     return names
@@ -92,7 +124,10 @@ def shape_from_hf_t5(config: dict[str, Any], tensors: dict[str, torch.Tensor], s
     model_type = config.get("model_type")
     if model_type not in T5_ARCHITECTURES:
         raise HFConversionError(f"{source}: model_type {model_type!r} is not one of {', '.join(T5_ARCHITECTURES)}")
-    feed_forward = config.get("feed_forward_proj", "relu")
+    switch = model_type == SWITCH_MODEL_TYPE
+    # Switch Transformers' MLPs (dense and experts) are non-gated, with dense_act_fn (checked: relu).
+    moe = moe_from_switch_config(config, source) if switch else None
+    feed_forward = "relu" if switch else config.get("feed_forward_proj", "relu")
     if feed_forward not in FEED_FORWARD_KINDS:
         raise HFConversionError(f"{source}: feed_forward_proj {feed_forward!r} is not one of "
                                 f"{', '.join(FEED_FORWARD_KINDS)}")
@@ -112,7 +147,7 @@ def shape_from_hf_t5(config: dict[str, Any], tensors: dict[str, torch.Tensor], s
         relative_attention_num_buckets=config.get("relative_attention_num_buckets", 32),
         relative_attention_max_distance=config.get("relative_attention_max_distance", 128),
         layer_norm_epsilon=config.get("layer_norm_epsilon", 1e-6),
-        initializer_factor=config.get("initializer_factor", 1.0))
+        initializer_factor=config.get("initializer_factor", 1.0), moe=moe)
 
 
 def state_from_hf_t5(tensors: dict[str, torch.Tensor], shape: T5Shape, source: str) -> dict[str, torch.Tensor]:
@@ -121,16 +156,23 @@ def state_from_hf_t5(tensors: dict[str, torch.Tensor], shape: T5Shape, source: s
     Raises:
         HFConversionError: a tensor is missing, or a tensor is left over that we would silently drop.
     """
-    names = hf_t5_names(shape)
-    missing = sorted(hf for hf in names.values() if hf not in tensors)
+    names, experts = hf_t5_names(shape), expert_names(shape)
+    per_expert = [hf for theirs in experts.values() for hf in theirs]
+    missing = sorted(hf for hf in [*names.values(), *per_expert] if hf not in tensors)
     if missing:
         raise HFConversionError(f"{source}: missing tensor {missing[0]} ({len(missing)} missing)")
-    known = set(names.values()) | set(_IGNORED) | ({"lm_head.weight"} if shape.tie_word_embeddings else set())
+    known = (set(names.values()) | set(per_expert) | set(_IGNORED)
+             | ({"lm_head.weight"} if shape.tie_word_embeddings else set()))
     unexpected = sorted(set(tensors) - known)
     if unexpected:
         raise HFConversionError(f"{source}: unexpected tensor {unexpected[0]} ({len(unexpected)} unexpected)")
     _check_embedding_copies(tensors, source)
-    return {ours: tensors[hf] for ours, hf in names.items()}
+    for theirs in experts.values():
+        for hf in theirs[1:]:
+            if tensors[hf].shape != tensors[theirs[0]].shape:
+                raise HFConversionError(f"{source}: {hf} has shape {tuple(tensors[hf].shape)}, expected "
+                                        f"{tuple(tensors[theirs[0]].shape)} as {theirs[0]}")
+    return {ours: tensors[hf] for ours, hf in names.items()} | stack_experts(tensors, experts)
 
 
 def _check_embedding_copies(tensors: dict[str, torch.Tensor], source: str) -> None:
@@ -170,7 +212,28 @@ def hf_t5_config(shape: T5Shape, model_type: str, eos_id: int = 1, pad_id: int =
     }
     if model_type == "t5":
         config["scale_decoder_outputs"] = shape.scale_decoder_outputs
+    if model_type == SWITCH_MODEL_TYPE:
+        config |= _switch_fields(shape)
+    elif shape.moe is not None:
+        raise HFConversionError(f"a T5 with experts exports as model_type {SWITCH_MODEL_TYPE}, not {model_type}")
     return config
+
+
+def _switch_fields(shape: T5Shape) -> dict[str, Any]:
+    """What a switch_transformers config.json says beyond T5's: the experts, and the head scaling, which
+    transformers' Switch applies exactly when ``tie_word_embeddings`` is true.
+
+    Raises:
+        HFConversionError: a dense model, gated MLPs, a tied unscaled head, or routing Switch cannot express.
+    """
+    if shape.moe is None:
+        raise HFConversionError(f"a dense T5 has no experts; export it as model_type t5, not {SWITCH_MODEL_TYPE}")
+    if shape.feed_forward != "relu":
+        raise HFConversionError(f"Switch Transformers' MLPs are relu, this model's {shape.feed_forward}")
+    if shape.tie_word_embeddings and not shape.scale_decoder_outputs:
+        raise HFConversionError("Switch Transformers scale the decoder output of a tied head; this model does not")
+    return {**switch_config_fields(shape.moe, shape.num_encoder_layers, shape.num_decoder_layers),
+            "tie_word_embeddings": shape.scale_decoder_outputs}
 
 
 def is_hf_t5_directory(path: str | os.PathLike) -> bool:
@@ -194,7 +257,8 @@ def load_hf_t5(directory: str | os.PathLike) -> T5:
     expected = {name: p.shape for name, p in model.named_parameters()}
     for name, tensor in state.items():
         if tensor.shape != expected[name]:
-            raise HFConversionError(f"{source}: {hf_t5_names(shape)[name]} has shape {tuple(tensor.shape)}, "
+            hf = hf_t5_names(shape).get(name) or f"{expert_names(shape)[name][0]} (stacked)"
+            raise HFConversionError(f"{source}: {hf} has shape {tuple(tensor.shape)}, "
                                     f"expected {tuple(expected[name])} from config.json")
     # A tied head has no tensor of its own: it is missing here and shared again by tie_weights().
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False, assign=True)
@@ -210,4 +274,5 @@ def save_hf_t5(model: T5, directory: str | os.PathLike, model_type: str = "t5", 
     config = hf_t5_config(shape, model_type, eos_id, pad_id)
     state = dict(model.named_parameters())
     tensors = {hf: state[ours].detach().contiguous().clone() for ours, hf in hf_t5_names(shape).items()}
+    tensors |= unstack_experts({name: p.detach() for name, p in state.items()}, expert_names(shape))
     return write_hf_directory(directory, config, tensors, tokenizer_source=tokenizer_source)

@@ -33,8 +33,8 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from trainer.generation.head import PretransposedHead
 from trainer.generation.layout import GenerationLayout
-from trainer.models.gpt.sharded import PretransposedHead
 from trainer.models.t5.model import T5, T5Shape, padding_bias
 from trainer.models.t5.parallelize import apply_t5_tp
 from trainer.models.t5.pipeline import split_t5_stage, t5_stage_layers

@@ -9,10 +9,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.data import Vocabulary
 from trainer.checkpoint import resolve_checkpoint
-from trainer.config import DEFAULT_DIVISIBLE_BY
+from trainer.config import DEFAULT_DIVISIBLE_BY, BertConfig
 from trainer.hf_convert import ConvertCheckpointConfig
 from trainer.errors import TrainConfigError
-from trainer.models.spec import ModelSpec, ParallelPlan
+from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
 from trainer.models.t5.convert import (
     T5_MODEL,
     VOCAB_ROWS,
@@ -103,4 +103,8 @@ SPEC = ModelSpec(
     generate=generate_t5,
     check_generation=check_t5_generation,
     parallel_generation=True,
+    # Lengths are encoder_seq_length/decoder_seq_length; positions are relative buckets (no table, no
+    # init std of their own); one dropout_rate (hidden_dropout) serves attention too, as in HF's T5.
+    unused_fields=("seq_length", "init_method_std", "attention_dropout", "fused_qkv",
+                   *section_fields(BertConfig)),
 )
