@@ -222,9 +222,10 @@ def refuse_unused_flags(argv: list[str], model: str) -> None:
 def _warn_about(config: TrainConfig) -> None:
     """Settings that are valid but probably not what was meant: one warning line each."""
     if config.logging.eval_iters > 0 and config.data.split_is_empty("valid"):
-        logger.warning("warning: --split %s gives the valid split no data, so no evaluation runs "
-                       "(--eval-interval %d has no effect); set --eval-iters 0 to say so",
-                       config.data.split, config.logging.eval_interval)
+        cause = (f"--split {config.data.split} gives the valid split no data" if config.data.split is not None
+                 else "no --valid-data-path is given")
+        logger.warning("warning: %s, so no evaluation runs (--eval-interval %d has no effect); set --eval-iters 0 "
+                       "to say so", cause, config.logging.eval_interval)
 
 
 @contextlib.contextmanager

@@ -22,9 +22,9 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from samplers.errors import SplitFormatError
+from samplers.errors import BlendFormatError, SplitFormatError
 from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
-from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_split
+from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_blend, parse_split
 from trainer.errors import TrainConfigError
 from trainer.models import FAMILIES
 
@@ -162,8 +162,14 @@ class DataConfig:
     """Dataset prefix(es) (PREFIX.bin/PREFIX.idx), equal weights (OneFlow spelling)."""
     data_path: list[str] = flag([], nargs="+")
     """Megatron blend: [W1] P1 [W2 P2 ...] (weights optional)."""
-    split: str = DEFAULT_SPLIT
-    """Train,valid,test proportions of the sequences (Megatron's default)."""
+    train_data_path: list[str] | None = flag(None, nargs="+")
+    """Blend of the train split alone, [W1] P1 [W2 P2 ...], used whole (excludes --data-path, --dataset, --split)."""
+    valid_data_path: list[str] | None = flag(None, nargs="+")
+    """Blend of the valid split alone, used whole (none: no validation)."""
+    test_data_path: list[str] | None = flag(None, nargs="+")
+    """Blend of the test split alone, used whole (none: no test evaluation)."""
+    split: str | None = None
+    """Train,valid,test proportions of the sequences of --data-path/--dataset; default 969,30,1 (Megatron's)."""
     data_cache_path: str | None = None
     """Directory for the sample index caches; default beside the data."""
     seed: int = flag(1234, valid=SEED_RANGE)
@@ -181,6 +187,10 @@ class DataConfig:
         check_ranges(self)
         if self.dataset and self.data_path:
             raise TrainConfigError("give either `dataset` or `data_path`, not both")
+        if self._check_per_split_paths():
+            return
+        # Megatron's default split, filled in here so that a split given with per-split paths can be refused.
+        self.split = DEFAULT_SPLIT if self.split is None else self.split
         # Megatron reads the numbers with [.0-9]+, so "-1,50,51" would silently mean 1,50,51.
         if re.search(r"-\s*[.0-9]", self.split):
             raise TrainConfigError(f"`split` entries must be >= 0 with a positive sum, got {self.split!r}")
@@ -189,8 +199,50 @@ class DataConfig:
         except SplitFormatError as error:
             raise TrainConfigError(str(error)) from None
 
+    def _check_per_split_paths(self) -> bool:
+        """True when the run gives per-split data paths (Megatron's --train-data-path ...), after checking them.
+
+        Raises:
+            TrainConfigError: per-split paths given with data_path, dataset or split, without a train path, or
+                a malformed blend.
+        """
+        per_split = self.per_split_paths
+        if all(words is None for words in per_split):
+            return False
+        if self.data_path or self.dataset:
+            raise TrainConfigError("`data_path` (or `dataset`) excludes `train_data_path`, `valid_data_path` and "
+                                   "`test_data_path`")
+        if self.split is not None:
+            raise TrainConfigError("`split` applies to `data_path` only; per-split data paths are used whole")
+        if self.train_data_path is None:
+            raise TrainConfigError("`valid_data_path` and `test_data_path` need `train_data_path` "
+                                   "(the train split's blend)")
+        for name, words in zip(SPLIT_NAMES, per_split):
+            if words is not None:
+                try:
+                    parse_blend(words)
+                except BlendFormatError as error:
+                    raise TrainConfigError(f"`{name}_data_path`: {error}") from None
+        return True
+
+    @property
+    def per_split_paths(self) -> tuple[list[str] | None, ...]:
+        """The words of train_data_path, valid_data_path and test_data_path (None where not given)."""
+        return self.train_data_path, self.valid_data_path, self.test_data_path
+
+    @property
+    def blend_per_split(self) -> list[tuple[list[str], list[float] | None] | None] | None:
+        """Each split's (prefixes, weights or None: by size), parsed as `build-indices` does; None entries for
+        the splits without a path; None when the run reads data_path or dataset (divided by ``split``)."""
+        if all(words is None for words in self.per_split_paths):
+            return None
+        return [parse_blend(words) if words is not None else None for words in self.per_split_paths]
+
     def split_is_empty(self, name: str) -> bool:
-        """True when ``split`` gives the split ``name`` (train, valid or test) no share of the data."""
+        """True when the split ``name`` (train, valid or test) has no data: no share in ``split``, or no
+        per-split data path."""
+        if self.split is None:
+            return self.per_split_paths[SPLIT_NAMES.index(name)] is None
         return parse_split(self.split)[SPLIT_NAMES.index(name)] == 0
 
     @property
@@ -202,6 +254,8 @@ class DataConfig:
         """
         if self.dataset:
             return list(self.dataset), None
+        if self.blend_per_split is not None:
+            raise TrainConfigError("this model reads one blend (`data_path` or `dataset`), not per-split data paths")
         if not self.data_path:
             raise TrainConfigError("no training data: give `dataset` or `data_path`")
         if len(self.data_path) == 1:
@@ -429,6 +483,11 @@ class LoggingConfig:
     print_memory: bool = flag(False, "--print_memory")
     """After the first step, log each rank's bytes in parameters, gradients and optimiser state (device and
     CPU apart) and its peak memory, and write a memory record to the metrics file."""
+    timing_log_level: int = flag(0, valid=Range(0, 1))
+    """Megatron's flag. 0: the log line times whole steps; 1: also each phase, as Megatron's level-1 timers and
+    DeepSpeed's wall_clock_breakdown: forward+backward (with the data-parallel gradient reduction that
+    overlaps it), gradient norm and clipping, optimiser step, data wait; in ms per step, in the log line and
+    the metrics file (the device is synchronised at each phase boundary, which costs some overlap)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)

@@ -88,17 +88,18 @@ def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
     return Vocabulary(size=vocab_size or tokenizer.vocab_size, eod_id=tokenizer.eod, pad_id=tokenizer.pad)
 
 
-def check_data_files(data: DataConfig) -> tuple[list[str], list[float] | None]:
-    """The blend's datasets and weights, after checking that each one's files exist.
+def check_data_files(data: DataConfig) -> None:
+    """Check that the files of every dataset of the run exist: the blend's, or every split's blend with
+    per-split data paths.
 
     A dataset is any format tokenmill writes: an mmap prefix (its ``.bin`` and ``.idx``), an Arrow
     ``save_to_disk`` folder or ``.arrow`` file, or a ``.mindrecord`` file.
 
     Raises:
-        TrainConfigError: no data given, or a file is missing.
+        TrainConfigError: no data given, or a file is missing (one line naming it).
     """
-    prefixes, weights = data.blend
-    for prefix in prefixes:
+    blends = data.blend_per_split if data.blend_per_split is not None else [data.blend]
+    for prefix in (prefix for blend in blends if blend is not None for prefix in blend[0]):
         try:
             is_mmap = format_of(prefix) == "mmap"
         except TokenmillError as error:
@@ -106,7 +107,6 @@ def check_data_files(data: DataConfig) -> tuple[list[str], list[float] | None]:
         for path in (data_file_path(prefix), index_file_path(prefix)) if is_mmap else (prefix,):
             if not Path(path).exists():
                 raise TrainConfigError(f"dataset {prefix}: {path} not found")
-    return prefixes, weights
 
 
 @contextmanager

@@ -8,6 +8,7 @@ The keys that have one of our flags become its command-line words, placed before
     gradient_accumulation_steps        --num-accumulation-steps
     gradient_clipping                  --clip-grad
     steps_per_print                    --log-interval
+    wall_clock_breakdown true          --timing-log-level 1 (forward-backward, clipping, optimiser, data ms per step)
     fp16.enabled                       --fp16 (loss_scale 0: dynamic; > 0: --loss-scale)
     fp16.{loss_scale_window, hysteresis, min_loss_scale}   the flags of the same names
     fp16.initial_scale_power           --initial-loss-scale 2**power
@@ -19,9 +20,11 @@ The keys that have one of our flags become its command-line words, placed before
 
 DeepSpeed's consistency rule, train_batch_size = micro x accumulation x data parallel, is checked here as
 far as the file tells (train_batch_size a multiple of micro x accumulation) and with the data-parallel
-size by the layout check (`trainer.parallel_dims`). ``wall_clock_breakdown`` and
-``zero_allow_untested_optimizer`` are read and have no effect (our log lines always time a step; AdamW is
-the one optimiser). Any other key is refused with one line naming the file and the key.
+size by the layout check (`trainer.parallel_dims`). ``zero_allow_untested_optimizer`` is DeepSpeed's
+permission to run ZeRO with an optimiser it has not tested with ZeRO: every optimiser tokenmill builds (AdamW,
+on the device or offloaded, `trainer.zero.build_zero_optimizer`) is tested with every stage, so the permission
+is always granted and the key (true or false) changes nothing. Any other key is refused with one line naming
+the file and the key.
 """
 
 from __future__ import annotations
@@ -31,8 +34,12 @@ from typing import Any
 
 from trainer.errors import TrainConfigError
 
-# Keys read and without effect here (CPM-Pretrain's ds_config_t5.json has both).
-IGNORED_KEYS = ("wall_clock_breakdown", "zero_allow_untested_optimizer")
+# DeepSpeed's permission for optimisers untested with ZeRO: ours are all tested with every stage, so it is
+# always granted (CPM-Pretrain's ds_config_t5.json sets it).
+ALWAYS_GRANTED_KEY = "zero_allow_untested_optimizer"
+# DeepSpeed's per-phase timers; Megatron's timing level 1 times the same phases.
+BREAKDOWN_KEY, BREAKDOWN_FLAG = "wall_clock_breakdown", "--timing-log-level"
+BREAKDOWN_LEVEL = 1
 # Top-level keys whose value is one flag's value.
 SCALAR_FLAGS = {"train_batch_size": "--global-batch-size", "train_micro_batch_size_per_gpu": "--micro-batch-size",
                 "gradient_accumulation_steps": "--num-accumulation-steps", "gradient_clipping": "--clip-grad",
@@ -90,9 +97,12 @@ def read_deepspeed_config(path: str) -> list[str]:
     content = _read(path)
     reader = _Reader(path)
     for key, value in content.items():
-        if key in IGNORED_KEYS:
-            continue
-        if key in SCALAR_FLAGS:
+        if key == ALWAYS_GRANTED_KEY:
+            reader.switch(key, value)
+        elif key == BREAKDOWN_KEY:
+            if reader.switch(key, value):
+                reader.add(BREAKDOWN_FLAG, str(BREAKDOWN_LEVEL))
+        elif key in SCALAR_FLAGS:
             reader.add(SCALAR_FLAGS[key], reader.number(key, value, integer=key != "gradient_clipping"))
         elif key == "fp16":
             _fp16(reader, value)

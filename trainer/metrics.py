@@ -13,6 +13,9 @@ import json
 import logging
 import math
 import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +31,11 @@ PEAK_FLOPS = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "A800": 312e12
 FORWARD_BACKWARD_FACTOR = 3
 # Megatron caps the loss at 20 before exponentiating: larger perplexities carry no information.
 PERPLEXITY_LOSS_CAP = 20.0
+# The phases `--timing-log-level 1` times (Megatron's level-1 timers, DeepSpeed's wall_clock_breakdown), in step
+# order, with their log-line labels; the data wait is `TrainStats.data_ms_per_iteration`, measured always.
+TIMING_PHASES = {"forward_backward": "forward-backward", "grad_clip": "grad norm+clip", "optimizer": "optimizer"}
+# Suffix of a phase's metrics key: ``forward_backward_ms_per_iteration``, as ``data_ms_per_iteration``.
+PHASE_KEY_SUFFIX = "_ms_per_iteration"
 
 
 def device_peak_flops(device: torch.device, low_precision: bool) -> float | None:
@@ -36,6 +44,48 @@ def device_peak_flops(device: torch.device, low_precision: bool) -> float | None
         return None
     name = torch.cuda.get_device_name(device)
     return next((peak for key, peak in PEAK_FLOPS.items() if key in name), None)
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (a CUDA device; nothing to wait for on a CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class StepTimer:
+    """Wall-clock seconds per phase (`TIMING_PHASES`), summed over the steps since the last `take`.
+
+    Disabled (``--timing-log-level 0``) it times nothing and never synchronises. Enabled, it synchronises
+    ``device`` at each phase's start and end, so a phase's time holds its queued kernels (what Megatron's and
+    DeepSpeed's timers do; it serialises work that would otherwise overlap, at a small cost in step time).
+    """
+
+    def __init__(self, enabled: bool, device: torch.device) -> None:
+        self.enabled, self.device = enabled, device
+        self.seconds = dict.fromkeys(TIMING_PHASES, 0.0)
+
+    @contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time the block as phase ``name`` (one of `TIMING_PHASES`)."""
+        if not self.enabled:
+            yield
+            return
+        synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            synchronize(self.device)
+            self.seconds[name] += time.perf_counter() - start
+
+    def take(self, steps: int) -> dict[str, float]:
+        """Each phase's milliseconds per step over the last ``steps`` steps (``{}`` when disabled), keyed
+        ``<phase>_ms_per_iteration``; the sums restart from 0."""
+        if not self.enabled:
+            return {}
+        timing = {name + PHASE_KEY_SUFFIX: 1000 * seconds / steps for name, seconds in self.seconds.items()}
+        self.seconds = dict.fromkeys(TIMING_PHASES, 0.0)
+        return timing
 
 
 @dataclass(slots=True)
@@ -58,6 +108,8 @@ class TrainStats:
     mfu: float | None
     auxiliary: dict[str, float] = field(default_factory=dict)
     """The model's auxiliary losses and metrics (`trainer.auxiliary`), by name; logged after the rest."""
+    timing: dict[str, float] = field(default_factory=dict)
+    """``--timing-log-level 1``: each phase's ms per step (`StepTimer.take`); empty at level 0."""
 
     def log_line(self) -> str:
         line = (f" iteration {self.iteration:8d}/{self.train_iters:8d} | consumed samples: {self.consumed_samples:12d}"
@@ -68,6 +120,10 @@ class TrainStats:
                 f" | tokens/s: {self.tokens_per_second:.0f} | TFLOP/s/device: {self.tflops_per_device:.3f}")
         if self.mfu is not None:
             line += f" | MFU: {100 * self.mfu:.1f}%"
+        if self.timing:
+            line += f" | data (ms): {self.data_ms_per_iteration:.1f}"
+            for phase, label in TIMING_PHASES.items():
+                line += f" | {label} (ms): {self.timing[phase + PHASE_KEY_SUFFIX]:.1f}"
         for name, value in self.auxiliary.items():
             line += f" | {name}: {value:.6E}"
         return line
@@ -132,8 +188,9 @@ class MetricsWriter:
         if not self.enabled:
             return
         logger.info(stats.log_line())
-        record = {name: getattr(stats, name) for name in stats.__slots__ if name not in ("train_iters", "auxiliary")}
-        record |= stats.auxiliary
+        record = {name: getattr(stats, name) for name in stats.__slots__
+                  if name not in ("train_iters", "auxiliary", "timing")}
+        record |= stats.timing | stats.auxiliary
         record["consumed_tokens"] = consumed_tokens(record)
         self._write(record)
         self._add_scalars("train", record)

@@ -7,8 +7,9 @@
 `trainer.metrics.MetricsWriter` writes one JSON object per line: a *training* record every
 `--log-interval` (iteration, consumed_samples, consumed_tokens, global_batch_size, lr, loss, grad_norm,
 loss_scale, skipped_iterations, ms_per_iteration, data_ms_per_iteration, tokens_per_second,
-tflops_per_device, mfu), an *evaluation* record after each evaluation (iteration, split, loss,
-perplexity) and, with ``--print-memory``, one *memory* record after the first step (iteration, memory: a
+tflops_per_device, mfu; with ``--timing-log-level 1`` also forward_backward_ms_per_iteration,
+grad_clip_ms_per_iteration, optimizer_ms_per_iteration), an *evaluation* record after each evaluation
+(iteration, split, loss, perplexity) and, with ``--print-memory``, one *memory* record after the first step (iteration, memory: a
 list of per-rank byte counts). Keys a later trainer adds (MoE aux loss, expert load) are kept as they are.
 
 This module imports neither torch nor matplotlib: `plot-metrics` reads files with it, and

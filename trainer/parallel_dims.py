@@ -84,7 +84,7 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
     family = model_spec(model.model).layout_rules(config, tp)
     rules += family.rules
     ep = config.moe.expert_model_parallel_size
-    rules += _expert_rules(config, dp, tp, ep)
+    rules += _expert_rules(config, dp, ep)
     num_layers, layers_name = family.num_layers, family.layers_name
     if par.pipeline_schedule == "interleaved":
         per_chunk = par.num_layers_per_virtual_pipeline_stage
@@ -112,9 +112,10 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
                         num_microbatches=num_microbatches, ep=ep)
 
 
-def _expert_rules(config: TrainConfig, dp: int, tp: int, ep: int) -> list[tuple[bool, str]]:
+def _expert_rules(config: TrainConfig, dp: int, ep: int) -> list[tuple[bool, str]]:
     """Mixture-of-experts layout rules: ep divides the experts and the data-parallel size, and the layouts
-    expert parallelism does not combine with yet."""
+    expert parallelism does not combine with yet. Any tp works: the experts are replicated over it
+    (`trainer.moe.parallel`)."""
     moe = config.moe
     if moe.num_experts is None:
         return []
@@ -122,7 +123,6 @@ def _expert_rules(config: TrainConfig, dp: int, tp: int, ep: int) -> list[tuple[
         (moe.num_experts % ep == 0,
          f"num_experts ({moe.num_experts}) is not divisible by expert_model_parallel_size ({ep})"),
         (dp % ep == 0, f"the data-parallel size ({dp}) is not divisible by expert_model_parallel_size ({ep})"),
-        (tp == 1, f"num_experts with tensor_model_parallel_size {tp} > 1 is not implemented yet"),
         # fullgraph compilation cannot trace the routing's data-dependent sizes (tokens per expert).
         (not config.training.compile, "num_experts with compile is not implemented yet"),
         # ZeRO stages 2-3 shard the model with FSDP2 over dp, which would need its expert weights sharded over
@@ -130,9 +130,6 @@ def _expert_rules(config: TrainConfig, dp: int, tp: int, ep: int) -> list[tuple[
         (ep == 1 or config.parallelism.zero_stage < 2,
          f"expert_model_parallel_size ({ep}) > 1 with zero_stage {config.parallelism.zero_stage} (FSDP2) is not "
          "implemented yet: use zero_stage 0 or 1"),
-        (ep == 1 or config.parallelism.pipeline_model_parallel_size == 1,
-         f"expert_model_parallel_size ({ep}) > 1 with pipeline_model_parallel_size "
-         f"({config.parallelism.pipeline_model_parallel_size}) > 1 is not implemented yet"),
     ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -32,6 +33,20 @@ def apply_compile(blocks: list[nn.Module]) -> None:
     """
     for block in blocks:
         block.forward = torch.compile(block.forward, fullgraph=True)
+
+
+def apply_fsdp(part: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, reshard_after_forward: bool,
+               offload_policy: OffloadPolicy | None = None) -> None:
+    """FSDP2 over ``dp_mesh``: one parameter group per transformer block (the family's
+    `ParallelPlan.blocks`), everything else (embeddings, norms, heads) in the part's root group.
+
+    ``reshard_after_forward``: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP; `trainer.zero`);
+    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU.
+    """
+    offload_policy = offload_policy or OffloadPolicy()  # fully_shard's default: no offload
+    for block in blocks:
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
+    fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:

@@ -30,7 +30,7 @@ from trainer.grads import sync_tied_embedding_grad
 from trainer.keyed_dropout import sample_keys, set_tensor_parallel
 from trainer.models.spec import ParallelPlan, Shape
 from trainer.parallel_dims import ParallelDims
-from trainer.parallelize import apply_ac, apply_compile, apply_ddp
+from trainer.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp
 from trainer.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
 from trainer.auxiliary import (
     auxiliary_modules,
@@ -103,8 +103,8 @@ class ParallelModel:
             if compile_blocks:
                 apply_compile(plan.blocks(part))
             if self.uses_fsdp:
-                plan.apply_fsdp(part, mesh["dp"], self.zero_stage == FULL_SHARD_STAGE,
-                                offload_policy=self._offload_policy())
+                apply_fsdp(part, plan.blocks(part), mesh["dp"], self.zero_stage == FULL_SHARD_STAGE,
+                           offload_policy=self._offload_policy())
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
         replicated = dims.dp > 1 and not self.uses_fsdp

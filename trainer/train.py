@@ -42,13 +42,13 @@ from trainer.distributed import DistContext, init_distributed, resolve_device_ty
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
 from trainer.hf_files import copy_tokenizer_files, read_json
 from trainer.memory_report import gather_reports, measure_memory
-from trainer.metrics import MetricsWriter, TrainStats, device_peak_flops
+from trainer.metrics import MetricsWriter, StepTimer, TrainStats, device_peak_flops
 from trainer.models import model_spec
 from trainer.moe.settings import check_family_has_experts
 from trainer.runner import ParallelModel
 from trainer.optim import LossScaler, LRSchedule, set_lr
 from trainer.parallel_dims import ParallelDims, resolve_parallel_dims
-from trainer.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states
+from trainer.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states, refresh_masters
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +149,7 @@ class _Run:
             metrics_file = str(Path(config.checkpoint.save) / METRICS_FILE_NAME)
         self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0, self.iteration)
         self.peak_flops = device_peak_flops(ctx.device, autocast is not None)
+        self.timer = StepTimer(config.logging.timing_log_level >= 1, ctx.device)
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
@@ -203,6 +204,7 @@ class _Run:
             load_checkpoint(root, iteration, saved_state, model_names=model_names, verify=verify,
                             vocab_rows=self._vocab_rows(saved_state))
             self.model.restore_checkpoint_state(saved_state, model_state)
+            refresh_masters(self.optimizer)
             if self.ctx.rank == 0:
                 logger.info("starting from the model weights of %s (iteration %d)", root, iteration)
             return
@@ -237,13 +239,16 @@ class _Run:
         """One optimiser step; returns (mean loss, gradient norm, the model's auxiliary metrics)."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.loss_scale = self.scaler.scale
-        loss_sum, holds_loss = self.model.run(microbatches, train=True)
+        with self.timer.phase("forward_backward"):
+            loss_sum, holds_loss = self.model.run(microbatches, train=True)
         auxiliary = self.model.auxiliary_metrics()
-        norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
+        with self.timer.phase("grad_clip"):
+            norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
+            if math.isfinite(norm):
+                scale_grads(self.params, clip_factor(norm, self.config.optimizer.clip_grad) / self.scaler.scale)
         if math.isfinite(norm):
-            factor = clip_factor(norm, self.config.optimizer.clip_grad)
-            scale_grads(self.params, factor / self.scaler.scale)
-            self.optimizer.step()
+            with self.timer.phase("optimizer"):
+                self.optimizer.step()
         else:
             self.skipped += 1
             if self.ctx.rank == 0:
@@ -347,7 +352,7 @@ class _Run:
             data_ms_per_iteration=1000 * window.data_seconds / window.count, tokens_per_second=tokens_per_second,
             tflops_per_device=flops_per_device / 1e12,
             mfu=flops_per_device / self.peak_flops if self.peak_flops else None,
-            auxiliary=window.auxiliary_values(self.model.auxiliary_kinds))
+            auxiliary=window.auxiliary_values(self.model.auxiliary_kinds), timing=self.timer.take(window.count))
 
 
 def _autocast_dtype(config: TrainConfig, device: torch.device, rank: int) -> torch.dtype | None:

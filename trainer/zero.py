@@ -17,6 +17,11 @@ steps a rank holds only its shard of them (DeepSpeed's stage 2 keeps them whole)
 `ShardedAdamW` (stage 1, with or without ``--cpu-offload``; also offload over one data-parallel rank): each parameter's flattened (local,
 under TP) tensor is cut into N equal slices; rank r's AdamW steps slice r (a view of the parameter, or a
 CPU copy when offloading), then one all-gather per dtype gives every rank the updated parameter.
+Offloading from a CUDA device keeps each slice's master and gradient in pinned host buffers: the gradient
+copies to the host are queued without waiting and the step waits once for all of them; the updated
+masters go back the same way, ordered before the all-gather and the next forward by the device's stream.
+Offloading when the parameters already live on the CPU copies nothing: the master is a view, as without
+offload.
 ``torch.distributed.optim.ZeroRedundancyOptimizer`` was not used: it assigns whole parameters to ranks
 (an embedding as large as a rank's share unbalances it), broadcasts plain tensors only (no TP DTensors)
 and would need its own checkpoint consolidation.
@@ -90,9 +95,17 @@ class _Slice:
         self.start = min(rank * self.size, numel) if sharded else 0
         self.stop = min(self.start + self.size, numel)
         view = self.flat[self.start:self.stop]
-        # Without offload the master is a view: AdamW's in-place update is the parameter's update.
-        self.master = nn.Parameter(view.to(CPU, copy=True) if offload else view, requires_grad=True)
-        self.offload = offload
+        # A master on the parameter's own device (no offload, or a CPU run) is a view: AdamW's in-place update
+        # is the parameter's update, and no copy is ever made.
+        self.offload = offload and view.device != CPU
+        self.host_grad: torch.Tensor | None = None
+        master = view
+        if self.offload:
+            # Pinned host memory: copies to and from the device can be queued without waiting.
+            pinned = view.device.type == "cuda"
+            master = torch.empty(view.shape, dtype=view.dtype, pin_memory=pinned).copy_(view)
+            self.host_grad = torch.empty(view.shape, dtype=view.dtype, pin_memory=pinned)
+        self.master = nn.Parameter(master, requires_grad=True)
 
     def take_gradient(self) -> None:
         """Point the master's gradient at this slice of the (averaged) parameter gradient."""
@@ -105,12 +118,23 @@ class _Slice:
             # (AdamW on the DTensor would redistribute it the same way).
             grad = grad.redistribute(grad.device_mesh, self.param.placements)
         part = _local(grad).reshape(-1)[self.start:self.stop]
-        self.master.grad = part.to(CPU, copy=True) if self.offload else part
+        if self.offload:
+            # Queued only: `ShardedAdamW.step` waits once for every slice's copy before stepping.
+            self.master.grad = self.host_grad.copy_(part, non_blocking=True)
+        else:
+            self.master.grad = part
 
     def give_back(self) -> None:
-        """Copy an offloaded master's update into the parameter."""
+        """Queue the copy of an offloaded master's update into the parameter (ordered on the device's stream
+        before anything that reads the parameter; the host master is next written after `step`'s wait)."""
         if self.offload:
             self.flat[self.start:self.stop].copy_(self.master.detach(), non_blocking=True)
+
+    @torch.no_grad()
+    def refresh_master(self) -> None:
+        """Copy the parameter's slice into an offloaded master (after a checkpoint replaced the parameter)."""
+        if self.offload:
+            self.master.copy_(self.flat[self.start:self.stop])
 
 
 class ShardedAdamW:
@@ -136,6 +160,8 @@ class ShardedAdamW:
             kernel = CPU_FUSED_KERNEL
         self.kernel = kernel
         self.inner = build_optimizer(masters, config, decayed=decayed, **ADAMW_KERNEL_OPTIONS[kernel])
+        # The devices whose gradient copies to the host a step waits for (none when nothing is offloaded).
+        self.copy_devices = {piece.flat.device for piece in self.slices.values() if piece.offload}
 
     @property
     def param_groups(self) -> list[dict]:
@@ -151,6 +177,8 @@ class ShardedAdamW:
         """Step this rank's slices, then all-gather every parameter's slices."""
         for piece in self.slices.values():
             piece.take_gradient()
+        for device in self.copy_devices:  # the one wait: every queued gradient copy has landed on the host
+            torch.cuda.current_stream(device).synchronize()
         self.inner.step()
         for piece in self.slices.values():
             piece.give_back()
@@ -216,6 +244,12 @@ class ShardedAdamW:
             own["step"].copy_(state["step"])
             for key in MOMENT_KEYS:
                 own[key].copy_(_local(state[key]).reshape(-1)[piece.start:piece.stop])
+        self.refresh_masters()
+
+    def refresh_masters(self) -> None:
+        """Copy the parameters into the offloaded masters (after a checkpoint was loaded into them)."""
+        for piece in self.slices.values():
+            piece.refresh_master()
 
 
 def build_zero_optimizer(named_params: list[tuple[str, nn.Parameter]], config: OptimizerConfig, zero_stage: int,
@@ -261,3 +295,10 @@ def load_optimizer_states(optimizer: torch.optim.AdamW | ShardedAdamW,
     slices; a plain AdamW's states were loaded in place already."""
     if isinstance(optimizer, ShardedAdamW):
         optimizer.load_full_states(states)
+
+
+def refresh_masters(optimizer: torch.optim.AdamW | ShardedAdamW) -> None:
+    """After model weights alone were loaded in place: an offloaded `ShardedAdamW` copies them into its host
+    masters (which it steps); other optimisers step the parameters themselves."""
+    if isinstance(optimizer, ShardedAdamW):
+        optimizer.refresh_masters()

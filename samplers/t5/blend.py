@@ -10,6 +10,9 @@ plus `MID_LEVEL_DATASET_SURPLUS` (`blend_sizes`); the interleaving `build_blendi
 (deterministic, no RNG), cached. Without weights (``--dataset A B``) each member gives one epoch and the
 members are weighted by their sample counts, exhaustively when no size is asked. Every member shares the
 sample options of `T5DatasetConfig` (its ``data_prefix`` is replaced by the member's).
+
+Per-split blends (``--train-data-path 0.5 A 0.5 B --valid-data-path C``, `build_t5_blend_per_split`) are one
+such blend per split, each member used whole.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 
 from ..builder import BLEND_INDEX_KINDS, Sizes, _check_member_sizes, default_cache_directory, size_weighted_blend
 from ..cache import IndexCache
+from ..config import Blend
 from ..errors import BlendFormatError
 from ..indices import MID_LEVEL_DATASET_SURPLUS, blend_sizes, build_blending_indices, build_exhaustive_blending_indices
 from ..splits import SPLIT_NAMES, normalize_weights
@@ -90,6 +94,40 @@ def build_t5_blend(prefixes: Sequence[str], weights: Optional[Sequence[float]], 
     cache = IndexCache(config.path_to_cache or default_cache_directory(prefixes[0]))
     return tuple(_blend_split(name, [member[split] for member in members], weights, sizes[split], cache)
                  for split, name in enumerate(SPLIT_NAMES))
+
+
+def build_t5_blend_per_split(blends: Sequence[Optional[Blend]], config: T5DatasetConfig,
+                             sizes: Sizes) -> tuple[Optional[torch.utils.data.Dataset], ...]:
+    """The train, valid and test splits of per-split blends (Megatron's ``--train-data-path`` ...): each split
+    is its own blend, every member used whole, blended as `build_t5_blend` blends one split.
+
+    Args:
+        blends: one (prefixes, weights or None) per split (train, valid, test); None: the split is absent.
+        config: the sample options every member shares (its ``split`` is replaced).
+        sizes: samples wanted per split (a weighted blend needs a count).
+
+    Returns:
+        (train, valid, test), None for a split without a blend.
+
+    Raises:
+        BlendFormatError: not one entry per split, or `build_t5_blend`'s.
+        EmptySplitError, BlendSizeError: as `build_t5_blend`.
+    """
+    if len(blends) != len(SPLIT_NAMES):
+        raise BlendFormatError(f"per-split blends need {len(SPLIT_NAMES)} entries, got {len(blends)}")
+    sizes = tuple(sizes) if sizes is not None else (None,) * len(SPLIT_NAMES)
+    splits: list[Optional[torch.utils.data.Dataset]] = []
+    for index, blend in enumerate(blends):
+        if blend is None:
+            splits.append(None)
+            continue
+        # A split string giving this split every document and the others none: the member is used whole,
+        # and its samples are this split's (the split's name seeds and names its cached index, as in Megatron).
+        whole = ",".join("1" if other == index else "0" for other in range(len(SPLIT_NAMES)))
+        only = tuple(size if other == index else None for other, size in enumerate(sizes))
+        prefixes, weights = blend
+        splits.append(build_t5_blend(prefixes, weights, dataclasses.replace(config, split=whole), only)[index])
+    return tuple(splits)
 
 
 def _blend_split(name: str, members: list[Optional[T5Dataset]], weights: Optional[list[float]],

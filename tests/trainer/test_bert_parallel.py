@@ -140,7 +140,7 @@ LAYOUTS = {
     "pp2 interleaved, 4 layers": dict(pp=2, num_layers=4, pipeline_schedule="interleaved",
                                       num_layers_per_virtual_pipeline_stage=1),
     "dp2 ddp": dict(dp=2),
-    "dp2 fsdp": dict(dp=2, use_distributed_optimizer=True),
+    "dp2 fsdp": dict(dp=2, zero_stage=3),
 }
 
 

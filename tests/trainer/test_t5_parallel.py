@@ -102,7 +102,7 @@ LAYOUTS = {
     "pp2 interleaved v1.0": (V1_0, dict(pp=2, pipeline_schedule="interleaved",
                                         num_layers_per_virtual_pipeline_stage=1)),
     "dp2 ddp v1.0": (V1_0, dict(dp=2)),
-    "dp2 fsdp v1.0": (V1_0, dict(dp=2, use_distributed_optimizer=True)),
+    "dp2 fsdp v1.0": (V1_0, dict(dp=2, zero_stage=3)),
 }
 
 

@@ -115,8 +115,8 @@ def test_t5_layout_rules_name_the_decoder_layers(sentence_prefix, data_test, t5_
         resolve_parallel_dims(config, 3)
     config = dataclasses.replace(config, parallelism=ParallelismConfig(tensor_model_parallel_size=2,
                                                                        sequence_parallel=True))
-    with pytest.raises(TrainConfigError, match="sequence_parallel is not implemented for model t5"):
-        resolve_parallel_dims(config, 2)
+    # Sequence parallelism is accepted (32 and 16 positions split over tp 2; `test_t5_sequence_parallel`).
+    assert resolve_parallel_dims(config, 2).tp == 2
 
 
 def test_bf16_and_activation_checkpointing_follow_the_fp32_run(sentence_prefix, data_test, t5_reference):

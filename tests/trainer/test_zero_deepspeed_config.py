@@ -29,6 +29,23 @@ def test_cpm_pretrain_ds_config_t5_sets_batch_clipping_logging_and_fp16(data_tes
     precision = config.precision
     assert precision.fp16 and precision.loss_scale is None  # loss_scale 0: dynamic
     assert (precision.initial_loss_scale, precision.loss_scale_window, precision.hysteresis) == (2.0**16, 1000, 2)
+    assert config.logging.timing_log_level == 1  # its wall_clock_breakdown: true
+
+
+@pytest.mark.parametrize(("breakdown", "argv", "level"), [(True, [], 1), (False, [], 0),
+                                                          (True, ["--timing-log-level", "0"], 0)])
+def test_wall_clock_breakdown_is_timing_log_level_1_and_the_command_line_wins(tmp_path, breakdown, argv, level):
+    path = write(tmp_path, {"wall_clock_breakdown": breakdown})
+    assert parse(["--deepspeed-config", path, *argv]).logging.timing_log_level == level
+
+
+@pytest.mark.parametrize("granted", [True, False])
+def test_zero_allow_untested_optimizer_is_always_granted_so_it_changes_nothing(tmp_path, granted):
+    """Every optimiser tokenmill builds is tested with every ZeRO stage: the permission changes no setting."""
+    stage = {"zero_optimization": {"stage": 1}}
+    without_key = parse(["--deepspeed-config", write(tmp_path, stage)])
+    with_key = parse(["--deepspeed-config", write(tmp_path, stage | {"zero_allow_untested_optimizer": granted})])
+    assert with_key == without_key and with_key.parallelism.zero_stage == 1
 
 
 def test_zero_offload_optimizer_and_scheduler_keys_map_and_the_command_line_wins(tmp_path):
@@ -67,6 +84,8 @@ def test_deepspeed_s_older_cpu_offload_spelling_turns_offload_on(tmp_path):
      "train_batch_size (30) is not train_micro_batch_size_per_gpu (4) x gradient_accumulation_steps (2) x the "
      "data-parallel size"),
     ({"gradient_clipping": "1.0"}, "gradient_clipping: expected a number, got '1.0'"),
+    ({"wall_clock_breakdown": 1}, "wall_clock_breakdown: expected true or false, got 1"),
+    ({"zero_allow_untested_optimizer": "yes"}, "zero_allow_untested_optimizer: expected true or false, got 'yes'"),
     ("[1, 2]", "expected a JSON object, got a list"),
     ('{"fp16": {', "not valid JSON at line 1"),
 ])

@@ -17,6 +17,8 @@ FP32_BYTES = 4
 STEP_BYTES = 4
 MOMENTS = 2
 DP = 2
+# (ZeRO stage, cpu offload) of each measured run.
+LAYOUTS = [(0, False), (1, False), (2, False), (3, False), (1, True)]
 
 
 def parameter_sizes(root: str) -> list[int]:
@@ -51,19 +53,21 @@ def memory_runs(tiny_prefix, cache_dir, workdir, tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("zero_memory")
     runs = {}
     configs = []
-    for stage in range(4):
-        save, metrics = str(root / f"stage{stage}"), str(root / f"stage{stage}.jsonl")
-        config = zero_config(tiny_prefix, cache_dir, stage, train_iters=1, save=save, metrics_file=metrics)
+    for stage, offload in LAYOUTS:
+        name = f"stage{stage}{'_offload' if offload else ''}"
+        save, metrics = str(root / name), str(root / f"{name}.jsonl")
+        config = zero_config(tiny_prefix, cache_dir, stage, offload, train_iters=1, save=save, metrics_file=metrics)
         configs.append(dataclasses.replace(config, logging=dataclasses.replace(config.logging, print_memory=True)))
-        runs[stage] = (save, metrics)
+        runs[stage, offload] = (save, metrics)
     run_in_processes(DP, configs, workdir)
     return runs
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("stage", range(4))
-def test_each_rank_reports_the_bytes_its_zero_stage_keeps(memory_runs, stage):
-    save, metrics = memory_runs[stage]
+@pytest.mark.parametrize("stage, offload", LAYOUTS)
+def test_each_rank_reports_the_bytes_its_zero_stage_keeps(memory_runs, stage, offload):
+    """Stage 1 offloaded on a CPU run holds what stage 1 holds: its masters and gradients are views, not copies."""
+    save, metrics = memory_runs[stage, offload]
     records = read_run(metrics).memory
     assert len(records) == 1 and records[0]["iteration"] == 1
     ranks = records[0]["memory"]

@@ -79,11 +79,9 @@ class ParallelPlan:
     apply_tp: Callable[[nn.Module, DeviceMesh, bool], None]
     """(part, tp mesh, sequence parallel): shard a part in place. Raises `TrainConfigError` for a size that
     does not divide or a mode the family lacks."""
-    apply_fsdp: Callable[[nn.Module, DeviceMesh, bool], None]
-    """(part, dp mesh, reshard after forward, offload_policy=None): FSDP2 units of a part, FSDP2's CPUOffloadPolicy
-    (`trainer.zero`) passed to every ``fully_shard``."""
     blocks: Callable[[nn.Module], list[nn.Module]]
-    """A part's transformer blocks (compiled one by one under ``--compile``)."""
+    """A part's transformer blocks: compiled one by one under ``--compile``, one FSDP2 unit each
+    (`trainer.parallelize.apply_fsdp`)."""
     tied_names: Callable[[Shape], tuple[str, str] | None]
     """(embedding name, name of the last pipeline stage's copy) of a tied input/output weight; None if untied."""
     model_inputs: Callable[[MicroBatch], tuple[torch.Tensor, ...]]

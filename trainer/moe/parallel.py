@@ -6,6 +6,10 @@ Layout (Megatron's): ``ep`` divides the data-parallel size; the data-parallel ra
 ``expert_dp x ep`` (ep fastest), and ep rank r holds experts r E/ep ... (r+1) E/ep - 1 of every MoE layer.
 A token batch stays on its data-parallel rank except inside a MoE layer, where its rows travel to the
 experts' ranks and back (`trainer.moe.dispatch`).
+
+Under tensor parallelism the router and experts are replicated over ``tp`` (Megatron's layout with an
+expert-tensor-parallel size of 1): every tp rank routes and computes all of its data-parallel rank's tokens,
+so its expert gradients equal its tp peers' (plain tensors, like the norms: counted once in the gradient norm).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.nn.parallel import DistributedDataParallel
 
 from trainer.moe.experts import StackedWeight
@@ -29,6 +34,19 @@ def apply_ep(model: nn.Module, ep_mesh: DeviceMesh) -> None:
         elif isinstance(module, StackedWeight):
             module.weight = nn.Parameter(distribute_tensor(module.weight.data, ep_mesh, [Shard(0)],
                                                            src_data_rank=None))
+
+
+def replicated_moe_plan(sequence_parallel: bool, name: str = "feed_forward") -> dict[str, object]:
+    """The tensor-parallel plan entries of a block whose ``name`` module is a `MoELayer`: none without sequence
+    parallelism (its input, the replicated residual stream, and its output are plain tensors, its parameters
+    stay whole on every tp rank). With it, the layer sees the whole sequence as a plain tensor (all-gathered
+    from the ``Shard(1)`` residual) and hands back this rank's sequence shard: routing, capacity and the
+    auxiliary losses then see the same tokens as in one process."""
+    if not sequence_parallel:
+        return {}
+    return {name: PrepareModuleInputOutput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                           use_local_input=True, output_layouts=(Replicate(),),
+                                           desired_output_layouts=(Shard(1),))}
 
 
 def is_expert_parameter(param: torch.Tensor) -> bool:

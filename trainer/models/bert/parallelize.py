@@ -1,5 +1,4 @@
-"""Tensor parallelism and FSDP2 units of a BERT (or a pipeline stage of it): BERT's `ParallelPlan` hooks, the
-GPT plan (`trainer.models.gpt.parallelize`) carried over.
+"""Tensor parallelism of a BERT (or a pipeline stage of it): BERT's `ParallelPlan.apply_tp`, the GPT plan (`trainer.models.gpt.parallelize`) carried over.
 
 q/k/v and the first MLP linear are column-parallel, the attention and MLP output projections
 row-parallel (whole heads per rank); the word embedding is vocabulary-parallel; the MLM decoder is
@@ -12,7 +11,6 @@ rank. Sequence parallelism is not implemented for BERT.
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
@@ -47,18 +45,3 @@ def apply_tp(model: Bert, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     # Distributing replaced the embedding and decoder weights by two new parameters, both Shard(0) over the
     # vocabulary: tying them again is exact.
     model.tie_weights()
-
-
-def apply_fsdp(model: Bert, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               offload_policy: OffloadPolicy | None = None) -> None:
-    """FSDP2: one parameter group per block, the embeddings and heads in the root group.
-
-    ``reshard_after_forward``: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP; `trainer.zero`);
-    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU.
-    """
-    offload_policy = offload_policy or OffloadPolicy()  # fully_shard's default: no offload
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                    offload_policy=offload_policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                offload_policy=offload_policy)

@@ -22,7 +22,7 @@ from trainer.models.bert.convert import (
 )
 from trainer.models.bert.data import bert_loss, model_inputs, span_loss
 from trainer.models.bert.model import PRETRAINING_HEAD, TIED_COPY_NAME, TIED_WEIGHT_NAME, VOCAB_ROWS, Bert
-from trainer.models.bert.parallelize import apply_fsdp, apply_tp
+from trainer.models.bert.parallelize import apply_tp
 from trainer.models.bert.pipeline import split_stage
 from trainer.models.bert.training import layout_rules, training_parts
 from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
@@ -56,7 +56,6 @@ PLAN = ParallelPlan(
     num_layers=lambda shape: shape.num_layers,
     split_stage=split_stage,
     apply_tp=apply_tp,
-    apply_fsdp=apply_fsdp,
     blocks=lambda part: list(part.layers.values()),
     tied_names=tied_names,
     model_inputs=model_inputs,

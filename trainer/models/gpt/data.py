@@ -41,12 +41,16 @@ def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, si
     Raises:
         TrainConfigError: a prefix has no ``.bin``/``.idx`` or the split/blend is malformed.
     """
-    prefixes, weights = check_data_files(data)
+    check_data_files(data)
     options = {"pad_id": vocabulary.pad_id} if vocabulary.pad_id is not None else {}
+    # Per-split data paths: each split's blend used whole (no split string), as build-indices does.
+    if data.blend_per_split is not None:
+        options["blend_per_split"] = data.blend_per_split
+    else:
+        options.update(blend=data.blend, split=data.split)
     try:
-        config = GPTDatasetConfig(sequence_length=seq_length, random_seed=data.seed, blend=(prefixes, weights),
-                                  split=data.split, path_to_cache=data.data_cache_path, eod_id=vocabulary.eod_id,
-                                  **options)
+        config = GPTDatasetConfig(sequence_length=seq_length, random_seed=data.seed,
+                                  path_to_cache=data.data_cache_path, eod_id=vocabulary.eod_id, **options)
     except ValueError as error:
         raise TrainConfigError(str(error)) from error
     return build_gpt_datasets(config, sizes=sizes)

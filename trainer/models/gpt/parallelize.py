@@ -1,12 +1,11 @@
-"""Tensor parallelism and FSDP2 units of a GPT (or a stage of it): the GPT's `trainer.models.spec.ParallelPlan`
-hooks. The order they are applied in, and the family-agnostic wrappers (activation checkpointing, DDP,
-``torch.compile``), are `trainer.runner`'s and `trainer.parallelize`'s.
+"""Tensor parallelism of a GPT (or a stage of it): the GPT's `trainer.models.spec.ParallelPlan.apply_tp`. The
+order the wrappers are applied in, and the family-agnostic ones (activation checkpointing, FSDP2 units per
+block, DDP, ``torch.compile``), are `trainer.runner`'s and `trainer.parallelize`'s.
 """
 
 from __future__ import annotations
 
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import OffloadPolicy, fully_shard
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
@@ -17,6 +16,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from trainer.models.gpt.model import GPT
+from trainer.moe.layer import MoELayer
+from trainer.moe.parallel import replicated_moe_plan
 
 
 def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
@@ -27,7 +28,8 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
     output projections row-parallel. The output head is column-parallel over the vocabulary and
     returns a DTensor sharded on its last dim, to be consumed under ``loss_parallel``. With
     ``sequence_parallel`` the norms and the residual stream between blocks are sharded along the
-    sequence (dim 1).
+    sequence (dim 1). A mixture-of-experts feed-forward stays whole on every rank
+    (`trainer.moe.parallel.replicated_moe_plan`).
     """
     residual = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {}
@@ -46,29 +48,17 @@ def apply_tp(model: GPT, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
         block_plan: dict[str, object] = {
             **{name: ColwiseParallel() for name in qkv},
             "attention.wo": RowwiseParallel(output_layouts=residual),
-            "feed_forward.w1": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=residual),
         }
+        if isinstance(block.feed_forward, MoELayer):
+            block_plan |= replicated_moe_plan(sequence_parallel)
+        else:
+            block_plan |= {"feed_forward.w1": ColwiseParallel(),
+                           "feed_forward.w2": RowwiseParallel(output_layouts=residual)}
         if sequence_parallel:
             gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
-            block_plan |= {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
-                           "attention": gather, "feed_forward": gather}
+            block_plan |= {"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(), "attention": gather}
+            block_plan.setdefault("feed_forward", gather)
         parallelize_module(block, tp_mesh, block_plan)
     # Distributing replaced the embedding weight and the head weight by two new parameters; both are
     # Shard(0) over the vocabulary, so tying them again is exact.
     model.tie_weights()
-
-
-def apply_fsdp(model: GPT, dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               offload_policy: OffloadPolicy | None = None) -> None:
-    """FSDP2: one parameter group per block, the embeddings/norm/head in the root group.
-
-    ``reshard_after_forward``: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP; `trainer.zero`);
-    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU.
-    """
-    offload_policy = offload_policy or OffloadPolicy()  # fully_shard's default: no offload
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                    offload_policy=offload_policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward,
-                offload_policy=offload_policy)

@@ -21,7 +21,7 @@ from trainer.models.gpt.convert import (
 from trainer.models.gpt.fused_qkv import from_checkpoint, to_checkpoint
 from trainer.models.gpt.generate import check_gpt_generation, generate_gpt, resolve_gpt_source
 from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
-from trainer.models.gpt.parallelize import apply_fsdp, apply_tp
+from trainer.models.gpt.parallelize import apply_tp
 from trainer.models.gpt.pipeline import split_stage
 from trainer.models.gpt.training import layout_rules, training_parts
 from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
@@ -61,7 +61,6 @@ PLAN = ParallelPlan(
     num_layers=lambda shape: shape.num_layers,
     split_stage=split_stage,
     apply_tp=apply_tp,
-    apply_fsdp=apply_fsdp,
     blocks=lambda part: list(part.layers.values()),
     tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME),
     model_inputs=lambda mb: (mb.tokens, mb.position_ids),

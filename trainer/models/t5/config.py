@@ -22,9 +22,11 @@ from torch.utils.data import Dataset
 
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, TokenizerError
 from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids, t5_text_tokenizer
-from samplers.t5.blend import build_t5_blend
+from samplers.splits import DEFAULT_SPLIT
+from samplers.t5.blend import build_t5_blend, build_t5_blend_per_split
 from samplers.t5.dataset import T5DatasetConfig
 from trainer.config import DataConfig, ModelConfig, MoEConfig, T5Config
+from trainer.data import check_data_files
 from trainer.errors import TrainConfigError
 from trainer.parallel_dims import pad_vocab_size
 from trainer.models.t5.model import T5Shape
@@ -107,19 +109,27 @@ def t5_text_tokenizer_for(tokenizer: Tokenizer, tokenizer_config: TokenizerConfi
 def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5SpecialIds,
                                sizes: tuple[int, int, int]) -> tuple[Dataset | None, ...]:
     """The train, valid and test T5 datasets of the run: one sentence-split dataset, or a blend of several
-    (``data_path`` W1 P1 W2 P2 ..., weighted as GPT blends are; ``dataset`` P1 P2: by their sample counts).
+    (``data_path`` W1 P1 W2 P2 ..., weighted as GPT blends are; ``dataset`` P1 P2: by their sample counts),
+    or one such blend per split used whole (``train_data_path`` ..., None for a split without one).
 
     Raises:
-        TrainConfigError: bad sample options or blend weights.
+        TrainConfigError: a missing dataset file, bad sample options or blend weights.
     """
-    prefixes, weights = data.blend
+    check_data_files(data)
+    per_split = data.blend_per_split
+    # Any member names the shared config (each member's prefix replaces it); per-split paths always have train.
+    prefixes = per_split[0][0] if per_split is not None else data.blend[0]
     try:
+        # With per-split blends the split string is each split's own (`build_t5_blend_per_split`).
         config = T5DatasetConfig(data_prefix=prefixes[0], sentinel_ids=special.sentinels, pad_id=special.pad,
-                                 decoder_start_id=special.decoder_start, eos_id=special.eos, split=data.split,
+                                 decoder_start_id=special.decoder_start, eos_id=special.eos,
+                                 split=data.split or DEFAULT_SPLIT,
                                  encoder_seq_length=t5.encoder_seq_length, decoder_seq_length=t5.decoder_seq_length,
                                  noise_density=t5.mask_prob, mean_noise_span_length=t5.mean_noise_span_length,
                                  short_seq_prob=t5.short_seq_prob, random_seed=data.seed,
                                  path_to_cache=data.data_cache_path)
-        return build_t5_blend(prefixes, weights, config, sizes)
+        if per_split is not None:
+            return build_t5_blend_per_split(per_split, config, sizes)
+        return build_t5_blend(*data.blend, config, sizes)
     except ValueError as error:  # BlendFormatError too
         raise TrainConfigError(str(error)) from error

@@ -76,8 +76,9 @@ class T5Shape:
 (ENCODER_EMBEDDING_SITE, DECODER_EMBEDDING_SITE, ENCODER_OUTPUT_SITE, DECODER_OUTPUT_SITE,
  SELF_ATTENTION_PROBS_SITE, SELF_ATTENTION_OUT_SITE, CROSS_ATTENTION_PROBS_SITE, CROSS_ATTENTION_OUT_SITE,
  FFN_HIDDEN_SITE, FFN_OUT_SITE) = range(10)
-# The dims tensor parallelism shards: heads of [batch, heads, q, k] probabilities, features of the MLP's hidden.
-HEADS_DIM, FEATURE_DIM = 1, -1
+# The dims tensor parallelism shards: heads of [batch, heads, q, k] probabilities, features of the MLP's hidden;
+# the dim sequence parallelism shards: positions of the residual streams' [batch, seq, d_model].
+HEADS_DIM, FEATURE_DIM, SEQUENCE_DIM = 1, -1, 1
 
 
 def relative_position_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int,
@@ -236,7 +237,7 @@ class EncoderBlock(nn.Module):
         self.attention = Attention(shape)
         self.ffn_norm = _norm(shape)
         self.feed_forward = feed_forward(shape, layer_index)
-        self.dropout = KeyedDropout(shape.dropout_rate)
+        self.dropout = KeyedDropout(shape.dropout_rate, sequence_dim=SEQUENCE_DIM)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         x = x + self.dropout(self.attention(self.attention_norm(x), bias, dropout_keys=dropout_keys), dropout_keys,
@@ -246,8 +247,9 @@ class EncoderBlock(nn.Module):
     def mlp_residual(self, x: torch.Tensor, dropout_keys: torch.Tensor | None) -> torch.Tensor:
         """x plus the MLP's dropped-out output; a dense MLP takes the keys of its hidden dropout too."""
         normed = self.ffn_norm(x)
-        out = self.feed_forward(normed, dropout_keys) if isinstance(self.feed_forward, FeedForward) else \
-            self.feed_forward(normed)
+        # The keys by keyword: sequence parallelism's PrepareModuleInput lays out the positional inputs only.
+        out = self.feed_forward(normed, dropout_keys=dropout_keys) if isinstance(self.feed_forward, FeedForward) \
+            else self.feed_forward(normed)
         return x + self.dropout(out, dropout_keys, FFN_OUT_SITE)
 
 
@@ -267,8 +269,9 @@ class DecoderBlock(EncoderBlock):
         keys = dropout_keys
         x = x + self.dropout(self.attention(self.attention_norm(x), bias, cache=self_cache, dropout_keys=keys), keys,
                              SELF_ATTENTION_OUT_SITE)
-        cross = self.cross_attention(self.cross_attention_norm(x), memory_bias, memory, cross_cache, dropout_keys=keys,
-                                     dropout_site=CROSS_ATTENTION_PROBS_SITE)
+        # The cache by keyword: sequence parallelism's PrepareModuleInput lays out (x, memory_bias, memory).
+        cross = self.cross_attention(self.cross_attention_norm(x), memory_bias, memory, cache=cross_cache,
+                                     dropout_keys=keys, dropout_site=CROSS_ATTENTION_PROBS_SITE)
         x = x + self.dropout(cross, keys, CROSS_ATTENTION_OUT_SITE)
         return self.mlp_residual(x, keys)
 
@@ -296,8 +299,11 @@ class T5(nn.Module):
         self.decoder_layers = nn.ModuleDict({str(i): DecoderBlock(shape, i) for i in range(shape.num_decoder_layers)})
         self.decoder_norm: nn.RMSNorm | None = _norm(shape)
         self.output: nn.Linear | None = nn.Linear(shape.d_model, shape.vocab_size, bias=False)
-        self.dropout = KeyedDropout(shape.dropout_rate)
+        self.dropout = KeyedDropout(shape.dropout_rate, sequence_dim=SEQUENCE_DIM)
         self.checkpoint_activations = False
+        self.sequence_shards = 1
+        """Set by `trainer.models.t5.parallelize.apply_t5_tp`: the tp size under sequence parallelism, where a
+        pipeline stage's hidden states hold 1/sequence_shards of their sequence."""
         self.pipeline_stage = False
         """Set by `trainer.models.t5.pipeline.split_t5_stage`: forward maps stage inputs to stage outputs."""
         self.init_weights()
@@ -459,14 +465,15 @@ class T5(nn.Module):
         else:
             decoder_h, memory, decoder_rows, memory_bias = inputs
         if self.encoder_layers:
-            h = self.run_encoder_layers(h, self.encoder_bias(h.shape[1], memory_bias, h.dtype, encoder_rows),
-                                        dropout_keys)
+            bias = self.encoder_bias(h.shape[1] * self.sequence_shards, memory_bias, h.dtype, encoder_rows)
+            h = self.run_encoder_layers(h, bias, dropout_keys)
         if self.decoder_position_bias is not None:
             memory = self.outer_dropout(self.encoder_norm(h), dropout_keys, ENCODER_OUTPUT_SITE)
             decoder_rows = self.decoder_position_bias.rows()
         elif self.encoder_layers or self.shared is not None:
             return h, decoder_h, encoder_rows, memory_bias
-        decoder_bias = self.decoder_bias(decoder_h.shape[1], 0, decoder_h.dtype, decoder_rows)
+        decoder_length = decoder_h.shape[1] * self.sequence_shards
+        decoder_bias = self.decoder_bias(decoder_length, 0, decoder_h.dtype, decoder_rows)
         decoder_h = self.run_decoder_layers(decoder_h, decoder_bias, memory, memory_bias, dropout_keys=dropout_keys)
         if self.output is not None:
             return self.head(decoder_h, dropout_keys)

@@ -27,7 +27,7 @@ from trainer.models.t5.data import T5MicroBatch
 from trainer.models.t5.generate import check_t5_generation, generate_t5
 from trainer.models.t5.hf import T5_ARCHITECTURES
 from trainer.models.t5.model import T5, T5Shape
-from trainer.models.t5.parallelize import apply_t5_fsdp, apply_t5_tp
+from trainer.models.t5.parallelize import apply_t5_tp
 from trainer.models.t5.pipeline import split_t5_stage
 from trainer.models.t5.training import layout_rules, training_parts
 
@@ -62,10 +62,8 @@ def _split_stage(model: T5, stage_id: int, num_stages: int) -> T5:
 
 
 def _apply_tp(part: T5, tp_mesh: DeviceMesh, sequence_parallel: bool) -> None:
-    if sequence_parallel:
-        raise TrainConfigError("sequence_parallel is not implemented for model t5")
     try:
-        apply_t5_tp(part, tp_mesh)
+        apply_t5_tp(part, tp_mesh, sequence_parallel)
     except ValueError as error:
         raise TrainConfigError(str(error)) from error
 
@@ -80,7 +78,6 @@ PLAN = ParallelPlan(
     num_layers=lambda shape: shape.num_encoder_layers + shape.num_decoder_layers,
     split_stage=_split_stage,
     apply_tp=_apply_tp,
-    apply_fsdp=apply_t5_fsdp,
     blocks=lambda part: [*part.encoder_layers.values(), *part.decoder_layers.values()],
     tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME) if shape.tie_word_embeddings else None,
     model_inputs=model_inputs,

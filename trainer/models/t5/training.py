@@ -16,16 +16,20 @@ GATED_INPUTS = 2
 
 
 def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
-    """No sequence parallelism; the pipeline splits encoder and decoder blocks together. (The vocabulary is
-    padded to a multiple of tp, `pad_vocab_size`, and T5 has no position table: a max_position_embeddings
-    given, as CPM-Pretrain's run_t5.sh does, must cover both lengths, Megatron's check.)"""
+    """Under sequence parallelism both lengths split over tp; the pipeline splits encoder and decoder blocks
+    together. (The vocabulary is padded to a multiple of tp, `pad_vocab_size`, and T5 has no position table: a
+    max_position_embeddings given, as CPM-Pretrain's run_t5.sh does, must cover both lengths, Megatron's check.)"""
     model, t5 = config.model, config.t5
     decoder_layers = t5.decoder_num_layers or model.num_layers
     positions = model.max_position_embeddings
+    sequence_parallel = config.parallelism.sequence_parallel
     rules = [(positions is None or positions >= max(t5.encoder_seq_length, t5.decoder_seq_length),
               f"max_position_embeddings ({positions}) is smaller than encoder_seq_length ({t5.encoder_seq_length}) "
               f"or decoder_seq_length ({t5.decoder_seq_length})"),
-             (not config.parallelism.sequence_parallel, "sequence_parallel is not implemented for model t5")]
+             *((not sequence_parallel or length % tp == 0,
+                f"{name} ({length}) is not divisible by tensor_model_parallel_size ({tp}), which sequence_parallel "
+                f"needs") for name, length in (("encoder_seq_length", t5.encoder_seq_length),
+                                                ("decoder_seq_length", t5.decoder_seq_length)))]
     return FamilyLayout(rules, model.num_layers + decoder_layers,
                         f"num_layers + decoder_num_layers ({model.num_layers} + {decoder_layers})")
 
