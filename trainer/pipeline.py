@@ -17,10 +17,25 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
 
 SCHEDULES = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe, "interleaved": ScheduleInterleaved1F1B}
+
+
+def settled(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself, its pending asynchronous collective, if any, finished.
+
+    Under tensor parallelism a layer's output redistribution (e.g. an embedding's reduce-scatter onto
+    sequence shards) is an `AsyncCollectiveTensor`, waited on its first use. A stage output that the stage
+    only passes on is never "used": the schedule sends its memory directly, and the work stays registered,
+    which torch reports at exit as an unwaited collective call. The same tensor is returned (not the waited
+    copy ``trigger_wait`` gives, which has left the autograd graph), so its gradient still flows back.
+    """
+    if isinstance(tensor, AsyncCollectiveTensor):
+        tensor.trigger_wait()
+    return tensor
 
 
 def stage_ids_of_rank(pp_rank: int, pp: int, chunks_per_rank: int) -> list[int]:

@@ -56,3 +56,23 @@ def test_two_workers_that_succeed_leave_quietly(tiny_prefix, tmp_path, layout):
     run = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path)
     assert run.returncode == 0, run.stderr
     assert not _alarms(run.stderr), run.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(RUN_TIMEOUT_S + 60)
+def test_a_t5_split_four_ways_with_evaluation_leaves_quietly(sentence_prefix, data_test, tmp_path):
+    """PP 2 x TP 2 with sequence parallelism and an evaluation: the decoder embeddings only pass through the
+    encoder stage, and their reduce-scatter was left unwaited (`trainer.pipeline.settled`)."""
+    argv = [sys.executable, "-m", "trainer.cli", "--model", "t5", "--dataset", sentence_prefix,
+            "--tokenizer-type", "SentencePieceTokenizer",
+            "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model"), "--split", "90,5,5",
+            "--data-cache-path", str(tmp_path / "cache"), "--num-layers", "2", "--hidden-size", "32",
+            "--num-attention-heads", "4", "--ffn-hidden-size", "64", "--encoder-seq-length", "32",
+            "--decoder-seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4",
+            "--train-iters", "2", "--eval-interval", "2", "--eval-iters", "1", "--device", "cpu",
+            "--nproc-per-node", "4", "--master-port", str(free_port()), "--tensor-model-parallel-size", "2",
+            "--pipeline-model-parallel-size", "2", "--sequence-parallel"]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert not _alarms(run.stderr), run.stderr
+

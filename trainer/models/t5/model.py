@@ -35,6 +35,7 @@ from trainer.config import FEED_FORWARD_KINDS
 from trainer.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
+from trainer.pipeline import settled
 
 
 
@@ -471,7 +472,8 @@ class T5(nn.Module):
             memory = self.outer_dropout(self.encoder_norm(h), dropout_keys, ENCODER_OUTPUT_SITE)
             decoder_rows = self.decoder_position_bias.rows()
         elif self.encoder_layers or self.shared is not None:
-            return h, decoder_h, encoder_rows, memory_bias
+            # The decoder embeddings only pass through encoder stages (`settled`).
+            return h, settled(decoder_h), encoder_rows, memory_bias
         decoder_length = decoder_h.shape[1] * self.sequence_shards
         decoder_bias = self.decoder_bias(decoder_length, 0, decoder_h.dtype, decoder_rows)
         decoder_h = self.run_decoder_layers(decoder_h, decoder_bias, memory, memory_bias, dropout_keys=dropout_keys)
