@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
+import torch
 
 from .builder import Sizes, default_cache_directory
 from .cache import IndexCache
@@ -105,3 +106,20 @@ def build_sentence_splits(data_prefix: str, split: str, path_to_cache: Optional[
                     kind)
         splits.append(SentenceSplit(dataset, name, document_range, sample_index))
     return splits
+
+
+class SentenceSampleDataset(torch.utils.data.Dataset):
+    """One split of samples drawn from sentence-split documents (`build_sentence_splits`): the dataset, its
+    document range, its sample index (one row per sample) and the kind's options; subclasses build items."""
+
+    def __init__(self, dataset: TokenSource, split: str, document_range: tuple[int, int], sample_index: np.ndarray,
+                 config) -> None:
+        self.dataset = dataset
+        self.split = split
+        self.document_range = document_range
+        self.sample_index = sample_index
+        self.config = config
+
+    def __len__(self) -> int:
+        return len(self.sample_index)
+

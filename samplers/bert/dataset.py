@@ -28,10 +28,9 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import torch
 
 from ..builder import Sizes
-from ..sentences import SEED_MODULUS, build_sentence_splits, sample_random_state
+from ..sentences import SEED_MODULUS, SentenceSampleDataset, build_sentence_splits, sample_random_state
 from ..sources import TokenSource
 from ..splits import DEFAULT_SPLIT, parse_split
 from ..t5.indices import build_t5_sample_index
@@ -114,7 +113,7 @@ def _trim(first: list[int], second: list[int], target_length: int, rng: np.rando
     return True
 
 
-class BertDataset(torch.utils.data.Dataset):
+class BertDataset(SentenceSampleDataset):
     """One split of BERT samples.
 
     Args:
@@ -124,17 +123,6 @@ class BertDataset(torch.utils.data.Dataset):
         sample_index: int64 [n, 3] (first sentence, end sentence, target length).
         config: the sample options.
     """
-
-    def __init__(self, dataset: TokenSource, split: str, document_range: tuple[int, int], sample_index: np.ndarray,
-                 config: BertDatasetConfig) -> None:
-        self.dataset = dataset
-        self.split = split
-        self.document_range = document_range
-        self.sample_index = sample_index
-        self.config = config
-
-    def __len__(self) -> int:
-        return len(self.sample_index)
 
     def __getitem__(self, idx: int) -> dict[str, np.ndarray | int]:
         """Sample ``idx``: int64 [sequence_length] arrays text, types, labels, padding_mask, loss_mask; ints

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from ..builder import Sizes
-from ..sentences import SEED_MODULUS, build_sentence_splits, sample_random_state
+from ..sentences import SEED_MODULUS, SentenceSampleDataset, build_sentence_splits, sample_random_state
 from ..sources import TokenSource
 from ..splits import DEFAULT_SPLIT, parse_split
 from .indices import MIN_TARGET_LENGTH, build_t5_sample_index
@@ -122,7 +122,7 @@ def _sample_tokens(dataset: TokenSource, row: np.ndarray) -> np.ndarray:
     return dataset.sequences(first, end)[:target].astype(np.int64)
 
 
-class T5Dataset(torch.utils.data.Dataset):
+class T5Dataset(SentenceSampleDataset):
     """One split of T5 samples.
 
     Args:
@@ -132,17 +132,6 @@ class T5Dataset(torch.utils.data.Dataset):
         sample_index: int64 [n, 3] from `build_t5_sample_index`.
         config: the sample options.
     """
-
-    def __init__(self, dataset: TokenSource, split: str, document_range: tuple[int, int], sample_index: np.ndarray,
-                 config: T5DatasetConfig) -> None:
-        self.dataset = dataset
-        self.split = split
-        self.document_range = document_range
-        self.sample_index = sample_index
-        self.config = config
-
-    def __len__(self) -> int:
-        return len(self.sample_index)
 
     def view(self, idx: int) -> T5SampleView:
         """The unpadded sample `idx` (negative counts from the end)."""
