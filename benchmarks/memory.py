@@ -1,18 +1,25 @@
-"""Per-rank model-state bytes of each ZeRO stage (`trainer.zero`) against the ZeRO paper's formulas, and the
-step time of each stage next to stage 0's, from one run of ``train --print-memory`` per stage.
+"""Per-rank model-state bytes of each ZeRO stage (`trainer.zero`) against the ZeRO paper's formulas, between
+steps and at their peak within a step, and the step time of each stage next to stage 0's, from one run of
+``train --print-memory`` per stage.
 
 A GPT of Ψ parameters (activations small against its model states) trains a few steps on N gloo CPU ranks
-(pure data parallelism), in fp32 and in bf16 autocast, at stages 0-3 and with the optimiser offloaded. Each
-rank's ``memory`` record (`trainer.memory_report`) gives parameters + gradients + optimiser state bytes.
+(pure data parallelism, one micro-batch per step), in fp32 and in bf16 autocast, at stages 0-3 and with the
+optimiser offloaded. Two figures per rank, the largest rank's shown:
+- between steps: the ``memory`` record after the first step (`trainer.memory_report.measure_memory`):
+  parameters + gradients + optimiser state;
+- peak in step: the largest of `trainer.memory_report.StepStateSampler`'s samples (end of forward, end of
+  backward, before and after the optimiser step) of the steps after the first, which also counts FSDP2's
+  gathered weights and autocast's cached bf16 casts of the weights.
 
     python -m benchmarks.memory                      # 4 ranks, hidden 128, 4 layers (about 0.9 M parameters)
-    python -m benchmarks.memory --hidden-size 256
+    python -m benchmarks.memory --steps 2            # quicker: one step after the first (the peak needs two)
 
 Formulas (bytes per rank): the paper's mixed precision (fp16 weights and gradients, fp32 master weights and
-Adam moments: K = 12) 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N; ours keeps fp32 weights and gradients under
-autocast (bf16 computes from them), so 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N (stage 2 at rest: FSDP2 frees the gathered
-weights after backward; 4Ψ + 12Ψ/N during forward/backward), 16Ψ/N. AdamW's step counters add 4 bytes per
-parameter tensor.
+Adam moments: K = 12) 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Ours keeps fp32 weights and gradients under
+autocast (bf16 computes from them): between steps 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N, 16Ψ/N; at the peak in fp32 16Ψ,
+8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N (stage 2's gathered weights at the end of forward), 16Ψ/N, and under bf16 autocast
+2Ψc more at every stage (Ψc: the weights autocast casts, all but the position table and the norms; its
+cache keeps the casts from forward to the end of backward). AdamW's step counters add 4 bytes per tensor.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ import torch.multiprocessing as mp
 from indexed_dataset import IndexedDatasetWriter
 from trainer.config import (DataConfig, LoggingConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                             PrecisionConfig, TrainConfig, TrainingConfig)
+from trainer.memory_report import StepStateSampler
 from trainer.metrics_records import read_run
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.train import train
@@ -41,6 +49,8 @@ VOCAB = 1024
 SEQ = 32
 DOCUMENTS = 400
 DOCUMENT_TOKENS = 200
+# The first step creates AdamW's moments in its optimiser step: the peak in a step is taken from the second on.
+MIN_STEPS = 2
 # (label, ZeRO stage, offload) of each measured run.
 RUNS = (("stage 0", 0, False), ("stage 1", 1, False), ("stage 2", 2, False), ("stage 3", 3, False),
         ("stage 1 + offload", 1, True), ("stage 2 + offload", 2, True), ("stage 3 + offload", 3, True))
@@ -49,11 +59,6 @@ RUNS = (("stage 0", 0, False), ("stage 1", 1, False), ("stage 2", 2, False), ("s
 def paper_formula(stage: int, n: int) -> float:
     """The ZeRO paper's model-state bytes per parameter at ``stage`` (mixed precision, K = 12)."""
     return {0: 16, 1: 4 + 12 / n, 2: 2 + 14 / n, 3: 16 / n}[stage]
-
-
-def fp32_formula(stage: int, n: int) -> float:
-    """Ours: fp32 weights and gradients, fp32 AdamW moments (stage 2 at rest, after the step)."""
-    return {0: 16, 1: 8 + 8 / n, 2: 16 / n, 3: 16 / n}[stage]
 
 
 def write_data(prefix: str) -> None:
@@ -87,6 +92,11 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _run_file(workdir: str, label: str, bf16: bool, suffix: str) -> Path:
+    """A run's file in ``workdir`` (``.jsonl``: its metrics; ``.rank<r>.json``: rank r's peak sample)."""
+    return Path(workdir) / f"{label}-{bf16}{suffix}".replace(" ", "_")
+
+
 def _worker(rank: int, args: argparse.Namespace, port: int, prefix: str, workdir: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(args.ranks), LOCAL_RANK=str(rank))
@@ -97,27 +107,36 @@ def _worker(rank: int, args: argparse.Namespace, port: int, prefix: str, workdir
     try:
         for bf16 in (False, True):
             for label, stage, offload in RUNS:
-                metrics = str(Path(workdir) / f"{label}-{bf16}.jsonl".replace(" ", "_"))
+                metrics = str(_run_file(workdir, label, bf16, ".jsonl"))
                 if args.device == "cuda":  # each run's own peak (a CPU's peak RSS is the process's so far)
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
-                train(run_config(args, prefix, metrics, stage, offload, bf16))
+                with StepStateSampler(torch.device(args.device)) as sampler:
+                    train(run_config(args, prefix, metrics, stage, offload, bf16))
+                peak = sampler.peak()
+                _run_file(workdir, label, bf16, f".rank{rank}.json").write_text(
+                    json.dumps({"point": peak.point, "bytes": peak.total()}))
     finally:
         dist.destroy_process_group()
 
 
 def summarise(args: argparse.Namespace, workdir: str) -> list[dict]:
-    """One row per (precision, run): the largest rank's model-state bytes and the median step time."""
+    """One row per (precision, run): the largest rank's model-state bytes between steps and at its peak within
+    a step (and the point of that peak), and the median step time."""
     rows = []
     for bf16 in (False, True):
         for label, stage, offload in RUNS:
-            run = read_run(Path(workdir) / f"{label}-{bf16}.jsonl".replace(" ", "_"))
+            run = read_run(_run_file(workdir, label, bf16, ".jsonl"))
             ranks = run.memory[0]["memory"]
             states = max(sum(r[k] for k in r if k.endswith(("_device", "_cpu"))) for r in ranks)
             optimizer_device = max(r["optimizer_device"] for r in ranks)
+            peaks = [json.loads(_run_file(workdir, label, bf16, f".rank{rank}.json").read_text())
+                     for rank in range(args.ranks)]
+            peak = max(peaks, key=lambda p: p["bytes"])
             step_ms = statistics.median(record["ms_per_iteration"] for record in run.train[1:])
             rows.append({"precision": "bf16" if bf16 else "fp32", "run": label, "stage": stage, "offload": offload,
-                         "model_state_bytes": states, "optimizer_device_bytes": optimizer_device,
+                         "model_state_bytes": states, "peak_state_bytes": peak["bytes"], "peak_point": peak["point"],
+                         "optimizer_device_bytes": optimizer_device,
                          "peak_bytes": max(r["peak_bytes"] for r in ranks), "step_ms": step_ms})
     return rows
 
@@ -131,28 +150,33 @@ def parameter_count(args: argparse.Namespace) -> int:
 
 
 def print_table(rows: list[dict], n: int, psi: int) -> None:
+    """Bytes per parameter between steps and at the peak in a step, each over the paper's formula."""
     print(f"Ψ = {psi} parameters, N = {n} ranks")
-    print("| precision | run | bytes/rank (MB) | bytes/Ψ | ours (fp32 formula) | paper (mixed) | optimizer on device "
-          "(MB) | peak (MB) | step ms | vs stage 0 |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| precision | run | paper bytes/Ψ | between steps bytes/Ψ | / paper | peak in step bytes/Ψ | / paper | "
+          "peak at | optimizer on device (MB) | process peak (MB) | step ms | vs stage 0 |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         base = next(r for r in rows if r["precision"] == row["precision"] and r["stage"] == 0)
-        print(f"| {row['precision']} | {row['run']} | {row['model_state_bytes'] / 1e6:.2f} | "
-              f"{row['model_state_bytes'] / psi:.2f} | {fp32_formula(row['stage'], n):.2f} | "
-              f"{paper_formula(row['stage'], n):.2f} | {row['optimizer_device_bytes'] / 1e6:.2f} | "
+        paper = paper_formula(row["stage"], n)
+        between, peak = row["model_state_bytes"] / psi, row["peak_state_bytes"] / psi
+        print(f"| {row['precision']} | {row['run']} | {paper:.2f} | {between:.2f} | {between / paper:.2f} | "
+              f"{peak:.2f} | {peak / paper:.2f} | {row['peak_point']} | {row['optimizer_device_bytes'] / 1e6:.2f} | "
               f"{row['peak_bytes'] / 1e6:.0f} | {row['step_ms']:.1f} | {row['step_ms'] / base['step_ms']:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--hidden-size", type=int, default=128)
     parser.add_argument("--num-layers", type=int, default=4)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=4,
+                        help="steps per run (at least 2: the peak in a step is taken after the first)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                         help="cuda: one GPU per rank (peak = max_memory_allocated)")
     parser.add_argument("--json", help="also write the rows here")
     args = parser.parse_args(argv)
+    if args.steps < MIN_STEPS:
+        parser.error(f"--steps must be at least {MIN_STEPS}: the peak within a step is taken after the first step")
     with tempfile.TemporaryDirectory() as workdir:
         prefix = str(Path(workdir) / "random_text_document")
         write_data(prefix)

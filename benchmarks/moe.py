@@ -11,7 +11,9 @@ router's do. Runs alternate between the variants (all see the same load); each f
     python -m benchmarks.moe --device cuda --dtype bfloat16     # GPU: torch._grouped_mm, tokens/s
     python -m benchmarks.moe --ep 2                             # + all-to-all share at EP 2 (gloo, CPU)
 
-Targets (the issue): MoE <= 1.5 x dense; grouped (batched on CPU) faster than the loop.
+The grouped path is the one the layer picks (`trainer.moe.experts.select_backend`: ``grouped_mm`` on the
+CPU with torch 2.9+ and aligned sizes, else ``segmented``); the other per-expert paths are timed beside it.
+Targets (the issue): MoE <= 1.5 x dense; the grouped path faster than the naive per-expert loop.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.moe.experts import BATCHED, GROUPED_MM, LOOP
+from trainer.moe.experts import BATCHED, LOOP, SEGMENTED, select_backend
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
 
@@ -62,7 +64,9 @@ def time_forward_backward(module: nn.Module, x: torch.Tensor, repeats: int) -> f
     return statistics.median(times)
 
 
-def build_moe(hidden: int, ffn: int, experts: int, backend: str, device: torch.device, dtype: torch.dtype) -> MoELayer:
+def build_moe(hidden: int, ffn: int, experts: int, backend: str | None, device: torch.device,
+              dtype: torch.dtype) -> MoELayer:
+    """A top-1 MoE layer on ``backend`` (None: the layer's own choice), near-uniform routing."""
     layer = MoELayer(hidden, ffn, "gelu", MoESettings(num_experts=experts, top_k=1, aux_loss_coeff=0.01))
     layer.experts.backend = backend
     with torch.no_grad():
@@ -86,7 +90,7 @@ def _ep_worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=args.ep)
     torch.manual_seed(0)  # the same weights on every rank: each keeps its experts
-    layer = build_moe(args.hidden, args.ffn, args.experts, BATCHED, torch.device("cpu"), torch.float32)
+    layer = build_moe(args.hidden, args.ffn, args.experts, None, torch.device("cpu"), torch.float32)
     apply_ep(layer, init_device_mesh("cpu", (args.ep,), mesh_dim_names=("ep",)))
     torch.manual_seed(1 + rank)  # each rank its own tokens
     x = torch.randn(args.tokens // args.ep, args.hidden)
@@ -128,15 +132,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch's intra-op threads (0: torch's default); 1 keeps a shared machine's load from "
+                             "stalling the many small parallel regions of the per-expert products")
     parser.add_argument("--ep", type=int, default=0,
                         help="also time expert parallelism over this many gloo CPU processes (0: skip)")
     args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device, dtype = torch.device(args.device), getattr(torch, args.dtype)
     torch.manual_seed(0)
     x = torch.randn(args.tokens, args.hidden, device=device, dtype=dtype)
-    grouped = GROUPED_MM if device.type == "cuda" else BATCHED
+    # The path the layer picks for these operands (what training runs), and the alternatives.
+    grouped = select_backend(x, torch.empty(args.experts, args.hidden, args.ffn, device=device, dtype=dtype))
+    others = [backend for backend in (SEGMENTED, BATCHED) if backend != grouped]
     variants = {"dense": DenseMLP(args.hidden, args.ffn).to(device, dtype),
                 f"moe_{grouped}": build_moe(args.hidden, args.ffn, args.experts, grouped, device, dtype),
+                **{f"moe_{backend}": build_moe(args.hidden, args.ffn, args.experts, backend, device, dtype)
+                   for backend in others},
                 "moe_loop": build_moe(args.hidden, args.ffn, args.experts, LOOP, device, dtype)}
     seconds = {name: [] for name in variants}
     for _ in range(args.repeats):  # alternate: every variant sees the same machine load
@@ -149,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {name:16s} fwd+bwd {1000 * value:9.2f} ms   {args.tokens / value:12.0f} tokens/s")
     print(f"  moe_{grouped} / dense:   {median[f'moe_{grouped}'] / median['dense']:.2f}x  (target <= 1.5)")
     print(f"  moe_loop / moe_{grouped}: {median['moe_loop'] / median[f'moe_{grouped}']:.2f}x  (target > 1)")
+    for backend in others:
+        print(f"  moe_{backend} / moe_{grouped}: {median[f'moe_{backend}'] / median[f'moe_{grouped}']:.2f}x")
     if args.ep > 1:
         seconds, comm = ep_overhead(args)
         print(f"  EP {args.ep} (gloo, 1 thread per process, {args.tokens // args.ep} tokens per rank): fwd+bwd "

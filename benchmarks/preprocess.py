@@ -13,7 +13,8 @@ For each corpus, alternately runs (each in a fresh process, `--runs` times):
              the cost of writing several formats in the same pass shows against the same ceiling);
   * ceiling: a fresh Python that builds the same GPT-2 tokenizer and calls gigatoken's `encode_files` on
              the JSONL (its own unchecked JSON reader; no validation, no output file).
-Prints medians of wall time, MB/s, tokens/s, peak RSS of the whole process tree (encoder processes
+Prints medians of wall time, CPU time (user + system, encoder processes included: on a machine shared
+with other jobs the steadier figure), MB/s, tokens/s, peak RSS of the whole process tree (encoder processes
 included), how many times an encoder process was replaced (`--encoder-memory-limit-mb`), our speed as
 a fraction of the ceiling's (ratio of medians, and per run: each run's ceiling over ours), and with
 several corpora the peak RSS of each and its growth from the first to the last. Corpora larger than
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import statistics
 import subprocess
@@ -72,8 +74,15 @@ def _tree_rss_bytes(pid: int) -> int:
     return total
 
 
-def measure(command: list[str]) -> tuple[float, int, str]:
-    """(wall seconds, peak tree RSS bytes, stdout) of one fresh-process run."""
+def _children_cpu_seconds() -> float:
+    """User + system CPU seconds of this process's waited-for descendants so far."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def measure(command: list[str]) -> tuple[float, float, int, str]:
+    """(wall seconds, CPU seconds, peak tree RSS bytes, stdout) of one fresh-process run."""
+    cpu_before = _children_cpu_seconds()
     started = time.perf_counter()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                env={**os.environ, "PYTHONPATH": REPO})
@@ -94,7 +103,7 @@ def measure(command: list[str]) -> tuple[float, int, str]:
     poller.join()
     if process.returncode != 0:
         raise SystemExit(f"failed ({process.returncode}): {' '.join(command)}\n{err}")
-    return seconds, peak, out + err
+    return seconds, _children_cpu_seconds() - cpu_before, peak, out + err
 
 
 def bench_corpus(corpus: str, runs: int, workers: int | None, output_formats: list[str], scratch: str) -> dict:
@@ -105,7 +114,7 @@ def bench_corpus(corpus: str, runs: int, workers: int | None, output_formats: li
     if workers is not None:
         ours += ["--workers", str(workers)]
     ceiling = [sys.executable, "-c", CEILING, vocab, merges, corpus]
-    results: dict[str, list[tuple[float, int]]] = {"ours": [], "ceiling": []}
+    results: dict[str, list[tuple[float, float, int]]] = {"ours": [], "ceiling": []}
     tokens = {}
     replacements = 0
     for _ in range(runs):
@@ -113,8 +122,8 @@ def bench_corpus(corpus: str, runs: int, workers: int | None, output_formats: li
             # A fresh output directory per run: the Arrow and MindRecord writers refuse existing outputs.
             shutil.rmtree(os.path.join(scratch, "run"), ignore_errors=True)
             os.makedirs(os.path.join(scratch, "run"))
-            seconds, peak, output = measure(command)
-            results[name].append((seconds, peak))
+            seconds, cpu_seconds, peak, output = measure(command)
+            results[name].append((seconds, cpu_seconds, peak))
             if name == "ceiling":
                 tokens[name] = int(output.split()[0])
             else:
@@ -123,12 +132,13 @@ def bench_corpus(corpus: str, runs: int, workers: int | None, output_formats: li
     size = os.path.getsize(corpus)
     summary = {}
     for name, samples in results.items():
-        seconds = statistics.median(s for s, _ in samples)
-        summary[name] = {"seconds": seconds, "mb_per_s": size / MEGABYTE / seconds,
-                         "tokens_per_s": tokens[name] / seconds, "peak_rss_mb": max(p for _, p in samples) / MEGABYTE,
-                         "all_seconds": [round(s, 2) for s, _ in samples]}
+        seconds = statistics.median(s for s, _, _ in samples)
+        summary[name] = {"seconds": seconds, "cpu_seconds": statistics.median(c for _, c, _ in samples),
+                         "mb_per_s": size / MEGABYTE / seconds, "tokens_per_s": tokens[name] / seconds,
+                         "peak_rss_mb": max(p for _, _, p in samples) / MEGABYTE,
+                         "all_seconds": [round(s, 2) for s, _, _ in samples]}
     summary["ratio"] = summary["ceiling"]["seconds"] / summary["ours"]["seconds"]
-    summary["run_ratios"] = [round(c / o, 2) for (c, _), (o, _) in zip(results["ceiling"], results["ours"])]
+    summary["run_ratios"] = [round(c[0] / o[0], 2) for c, o in zip(results["ceiling"], results["ours"])]
     summary["replacements"] = replacements
     # Best runs are the least disturbed by other jobs on a shared machine.
     summary["best_ratio"] = min(summary["ceiling"]["all_seconds"]) / min(summary["ours"]["all_seconds"])
@@ -156,8 +166,9 @@ def main() -> None:
                   f"{tuple(round(x, 2) for x in os.getloadavg())}")
             for name in ("ours", "ceiling"):
                 row = summary[name]
-                print(f"  {name:8s} {row['seconds']:6.2f} s  {row['mb_per_s']:6.1f} MB/s  "
-                      f"{row['tokens_per_s'] / 1e6:6.2f} M tokens/s  peak RSS {row['peak_rss_mb']:6.0f} MB  "
+                print(f"  {name:8s} {row['seconds']:6.2f} s  cpu {row['cpu_seconds']:6.2f} s  "
+                      f"{row['mb_per_s']:6.1f} MB/s  {row['tokens_per_s'] / 1e6:6.2f} M tokens/s  "
+                      f"peak RSS {row['peak_rss_mb']:6.0f} MB  "
                       f"runs {row['all_seconds']}")
             print(f"  speed vs ceiling: {summary['ratio']:.2f} of medians, runs {summary['run_ratios']}, "
                   f"{summary['best_ratio']:.2f} of best runs (target >= {SPEED_TARGET} median, never < {SPEED_FLOOR})")

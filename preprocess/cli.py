@@ -18,7 +18,7 @@ from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.cli_support import run_command
 from indexed_dataset.formats import FORMATS
 
-from .cli_common import setup_logging
+from .cli_common import end_program, setup_logging
 from .config import DATASET_IMPLS, DEFAULT_LANG, TOKEN_DTYPE_RULES, PreprocessConfig
 from .fanout import rank_from_environment
 from .inputs import DEFAULT_CHUNK_BYTES
@@ -111,7 +111,9 @@ def config_from_args(args: argparse.Namespace) -> PreprocessConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run preprocess-data with `argv` (default: sys.argv[1:]); returns the exit code."""
+    """Run preprocess-data with `argv`; returns the exit code. Run as the program (`argv` None: the
+    `preprocess-data` script, `python -m preprocess.cli`), it reads sys.argv[1:] and, once the run is
+    over, ends the process itself without the interpreter's teardown (see `end_program`)."""
     args = build_parser().parse_args(argv)
     setup_logging()
 
@@ -120,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         logger.info("%s", summary.describe())
         return 0
 
-    return run_command(PROG, command)
+    code = run_command(PROG, command)
+    if argv is None:
+        end_program(code)
+    return code
 
 
 if __name__ == "__main__":

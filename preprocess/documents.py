@@ -20,6 +20,11 @@ from .jsonl import JsonLinesChunk
 from .sentences import SentenceSplitter
 from .tokenizers import Tokenizer
 
+# Ids leave the encoder as uint16 wherever they all fit (GPT-2's, BERT's vocabularies): half the bytes
+# to move between processes, and the writers, whose dtype is then the same, neither cast nor range-check
+# them again (gigatoken gives uint32, the other tokenizers int64).
+COMPACT_DTYPE = np.dtype(np.uint16)
+
 
 @dataclass(frozen=True)
 class EncodedColumn:
@@ -40,8 +45,35 @@ class EncodedColumn:
         return int(np.count_nonzero(self.document_sequence_counts == 0))
 
 
+def compact_dtype(tokens: np.ndarray, eod: int | None) -> np.dtype:
+    """COMPACT_DTYPE when every id of `tokens` (an integer array) and `eod` fit it, else `tokens`' dtype."""
+    if tokens.dtype.itemsize <= COMPACT_DTYPE.itemsize:
+        return tokens.dtype
+    limits = np.iinfo(COMPACT_DTYPE)
+    fits = eod is None or limits.min <= eod <= limits.max
+    if fits and tokens.size:
+        fits = int(tokens.max()) <= limits.max and (tokens.dtype.kind == "u" or int(tokens.min()) >= limits.min)
+    return COMPACT_DTYPE if fits else tokens.dtype
+
+
+def _insert_eods(tokens: np.ndarray, token_ends: np.ndarray, eod: int, dtype: np.dtype) -> np.ndarray:
+    """`tokens` with `eod` inserted before each index of `token_ends` (ascending), as `dtype` (whose range
+    every id must fit): one pass, the cast done by the same copy (np.insert, then a cast, takes two)."""
+    positions = token_ends + np.arange(len(token_ends))
+    inserted = np.empty(len(tokens) + len(positions), dtype=dtype)
+    is_token = np.ones(len(inserted), dtype=bool)
+    is_token[positions] = False
+    inserted[is_token] = tokens
+    inserted[positions] = eod
+    return inserted
+
+
 def assemble_documents(
-    tokens: np.ndarray, piece_lengths: np.ndarray, piece_counts: np.ndarray | None, eod: int | None
+    tokens: np.ndarray,
+    piece_lengths: np.ndarray,
+    piece_counts: np.ndarray | None,
+    eod: int | None,
+    dtype: np.dtype | None = None,
 ) -> EncodedColumn:
     """Megatron documents from tokenized pieces.
 
@@ -50,10 +82,13 @@ def assemble_documents(
         piece_lengths: int64 [P] tokens per piece.
         piece_counts: int64 [D] pieces per document, or None for one piece per document.
         eod: id appended to every non-empty document, or None.
+        dtype: the dtype of the documents' ids (default: `tokens`'); every id and `eod` must fit it
+            (see `compact_dtype`).
 
     Returns:
         the documents, with empty pieces dropped and EOD appended.
     """
+    dtype = tokens.dtype if dtype is None else np.dtype(dtype)
     keep = piece_lengths > 0
     sequence_lengths = piece_lengths[keep].astype(np.int64)
     if piece_counts is None:
@@ -65,10 +100,10 @@ def assemble_documents(
         np.cumsum(piece_counts, out=bounds[1:])
         counts = kept_before[bounds[1:]] - kept_before[bounds[:-1]]
     if eod is None or not len(sequence_lengths):
-        return EncodedColumn(tokens, sequence_lengths, counts)
+        return EncodedColumn(tokens.astype(dtype, copy=False), sequence_lengths, counts)
     last_sequence = np.cumsum(counts)[counts > 0] - 1
     token_ends = np.cumsum(sequence_lengths)[last_sequence]
-    tokens = np.insert(tokens, token_ends, np.asarray(eod, dtype=tokens.dtype))
+    tokens = _insert_eods(tokens, token_ends, eod, dtype)
     sequence_lengths[last_sequence] += 1
     return EncodedColumn(tokens, sequence_lengths, counts)
 
@@ -146,7 +181,8 @@ def encode_chunk(
         except EncodeError as error:
             line = _line_of_piece(parsed, column, error.index)
             raise InputError(f"{chunk.location(line)}: key {key!r}: {error.reason}") from None
-        columns[key] = assemble_documents(ragged.tokens, ragged.lengths, column.piece_counts, settings.eod)
+        columns[key] = assemble_documents(ragged.tokens, ragged.lengths, column.piece_counts, settings.eod,
+                                          compact_dtype(ragged.tokens, settings.eod))
     first_line = int(parsed.line_numbers[0]) if parsed.num_documents else 0
     return EncodedChunk(chunk.source, chunk.num_bytes, parsed.num_documents, columns, parsed.skipped,
                         parsed.fields, first_line)

@@ -107,10 +107,11 @@ def _fast_path_lines(data: bytes) -> int | None:
     maybe_blank = (line_starts == line_ends) | _IS_JSON_WHITESPACE[first]
     if any(not data[line_starts[i] : line_ends[i]].strip(b" \t\r") for i in np.flatnonzero(maybe_blank)):
         return None
-    openers = (body | _OPENER_CASE_BIT) == _OPENER
-    if np.count_nonzero(openers) > MAX_JSON_DEPTH:
-        per_line = np.bincount(np.searchsorted(line_starts, np.flatnonzero(openers), side="right") - 1,
-                               minlength=len(line_starts))
+    openers = np.flatnonzero((body | _OPENER_CASE_BIT) == _OPENER)
+    if len(openers) > MAX_JSON_DEPTH:
+        # Openers per line: where each line starts among the (sorted) opener positions. Searching the
+        # few line starts among the many openers beats placing every opener among the lines.
+        per_line = np.diff(np.searchsorted(openers, line_starts), append=len(openers))
         if any(is_too_deep(data[line_starts[i] : line_ends[i]]) for i in np.flatnonzero(per_line > MAX_JSON_DEPTH)):
             return None
     return len(line_starts)

@@ -9,13 +9,15 @@ in ~0.5 s (interpreter, imports, tokenizer), which real text almost never pays a
 words pays every ~10 MB. Ids do not depend on the cache, so they are the same across a replacement.
 
 * `workers == 1`: this process encodes, on a small thread pool (the tokenizer and Arrow's JSON reader
-  release the GIL, and gigatoken spreads a batch over every core by itself), while its own memory stays
-  well under the limit: real text usually to the end, with no process started. Past
-  ENCODER_PROCESS_START of its room, one encoder process starts (on all cores, the same thread pool);
-  once it is ready this process frees its tokenizer and cache, and the encoder process does the rest.
+  release the GIL; gigatoken spreads a batch over the cores beyond those threads, if any: see
+  `spread_batches`), while its own memory stays well under the limit: real text usually to the end,
+  with no process started. Past ENCODER_PROCESS_START of its room, one encoder process starts (the
+  same thread pool); once it is ready this process frees its tokenizer and cache, and the encoder
+  process does the rest.
 * `workers > 1`: N encoder processes encode every chunk, each single-threaded
-  (TOKENIZERS_PARALLELISM=false). Chunk k goes to worker slot k mod N over that worker's own pipes, so
-  reading the results in the order they were sent gives them in input order.
+  (TOKENIZERS_PARALLELISM=false, gigatoken on the calling thread). Chunk k goes to worker slot k mod N
+  over that worker's own pipes, so reading the results in the order they were sent gives them in
+  input order.
 
 Encoder processes are fresh interpreters (`python -c`; never `fork`: Rust tokenizers' thread pools do not
 survive it; not multiprocessing's spawn, which also imports the program's main module: ~70 MB more per
@@ -43,11 +45,9 @@ import traceback
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from multiprocessing.connection import Connection
-
-import numpy as np
 
 from indexed_dataset import TokenmillError
 
@@ -73,9 +73,13 @@ FRESH_ENCODER_MB = 130
 ENCODER_PROCESS_START = 0.75
 # See `projected_bytes`.
 NEXT_GROWTH_STEP = 0.6
-# An encoder process: a fresh interpreter running `encoder_process_main` on two inherited pipe ends.
+# An encoder process: a fresh interpreter running `encoder_process_main` on two inherited pipe ends, then
+# exiting without the interpreter's teardown (`end_program`): its results are sent (pipe writes are not
+# buffered), and freeing its cache object by object (~0.07 s when full) would delay its replacement,
+# which waits for it to be gone.
 _ENCODER_PROCESS_CODE = ("import sys; from preprocess.workers import encoder_process_main as main; "
-                         "main(*map(int, sys.argv[1:]))")
+                         "from preprocess.cli_common import end_program; "
+                         "main(*map(int, sys.argv[1:])); end_program(0)")
 # The directory holding the `preprocess` package, put first on an encoder process's path.
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # What an encoder process sends once its tokenizer is built, before any result.
@@ -83,8 +87,6 @@ _READY = "ready"
 _MIB = 2**20
 # Buffer of the pipes to and from encoder processes (Linux's default maximum for unprivileged users).
 PIPE_BYTES = 2**20
-_NARROW_DTYPE = np.dtype(np.uint16)
-_NARROW_MAX = np.iinfo(_NARROW_DTYPE).max
 # How often a blocked feeder re-checks whether the run was stopped (seconds).
 _STOP_POLL_SECONDS = 0.1
 _DIED = "a worker process died (killed, or out of memory); nothing was written"
@@ -100,6 +102,18 @@ def resident_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
+def spread_batches(threads: int) -> bool:
+    """Whether the tokenizer should spread each batch over its own thread pool (gigatoken's) when
+    `threads` of our threads encode batches at once (1: one of several encoder processes, each meant to
+    take one core). Only when the machine has cores to spare beyond ours: otherwise every batch already
+    has a core, and the pool's hand-offs cost CPU for nothing (its idle threads spin while they wait)."""
+    try:
+        cores = len(os.sched_getaffinity(0))  # the cores this process may use (taskset, cgroups)
+    except AttributeError:  # not Linux
+        cores = os.cpu_count() or 1
+    return threads > 1 and cores > threads
+
+
 def _enlarge_pipe(fd: int) -> None:
     """Give a pipe PIPE_BYTES of buffer where the system allows it (Linux), else leave it (64 KiB): a
     chunk then crosses in a few writes instead of one per 64 KiB, each waking the other process."""
@@ -110,9 +124,13 @@ def _enlarge_pipe(fd: int) -> None:
 
 
 def _encoder_environment() -> dict[str, str]:
-    """This process's environment, with the `preprocess` package importable whatever the directory."""
+    """This process's environment, with the `preprocess` package importable whatever the directory, and
+    OpenBLAS on one thread unless the user chose otherwise: an encoder never multiplies matrices, and
+    the thread pool numpy's import starts costs ~0.05 s of CPU per process, paid again at every
+    replacement (~50 on 500 MB of new words)."""
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
+    return {"OPENBLAS_NUM_THREADS": "1", **os.environ,
+            "PYTHONPATH": _PACKAGE_ROOT + (os.pathsep + path if path else "")}
 
 
 def _release_free_memory() -> None:
@@ -171,6 +189,7 @@ def encoder_process_main(task_fd: int, result_fd: int) -> None:
         except TokenmillError as error:  # e.g. a tokenizer file removed since the main process read it
             results.send((error, 0))
             return
+        tokenizer.parallel_batches = spread_batches(threads)
         _release_free_memory()
         results.send((_READY, resident_bytes()))
         _serve(tokenizer, settings, threads, tasks, results)
@@ -178,20 +197,10 @@ def encoder_process_main(task_fd: int, result_fd: int) -> None:
         return
 
 
-def _narrowed(encoded: EncodedChunk) -> EncodedChunk:
-    """The same ids, as uint16 wherever they all fit: half the bytes to send through the result pipe
-    (gigatoken gives uint32; the writers cast to the output dtype and check the range either way)."""
-    for key, column in encoded.columns.items():
-        tokens = column.tokens
-        if tokens.dtype.itemsize > _NARROW_DTYPE.itemsize and (not tokens.size or tokens.max() <= _NARROW_MAX):
-            encoded.columns[key] = replace(column, tokens=tokens.astype(_NARROW_DTYPE))
-    return encoded
-
-
 def _outcome(chunk, tokenizer: Tokenizer, settings: EncodeSettings):
-    """The chunk's EncodedChunk (ids narrowed), or the error to send back instead."""
+    """The chunk's EncodedChunk, or the error to send back instead."""
     try:
-        return _narrowed(encode_chunk(chunk, tokenizer, settings))
+        return encode_chunk(chunk, tokenizer, settings)
     except TokenmillError as error:  # ours pickle; the main process re-raises them
         return error
     except Exception as error:  # a bug: keep its traceback
@@ -421,6 +430,7 @@ class _LocalEncoder:
 
     def __init__(self, tokenizer: Tokenizer, settings: EncodeSettings, cap: int) -> None:
         self.tokenizer: Tokenizer | None = tokenizer
+        tokenizer.parallel_batches = spread_batches(IN_PROCESS_THREADS)
         self.settings = settings
         self.cap = cap
         self.executor = ThreadPoolExecutor(IN_PROCESS_THREADS)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from .splits import DEFAULT_SPLIT
+from .splits import DEFAULT_SPLIT, SPLIT_NAMES
 
 # Megatron's `--seed` default.
 DEFAULT_SEED = 1234
@@ -141,3 +141,18 @@ class TrainingViewConfig:
         if any(size is not None and size < 0 for size in self.sizes):
             raise ValueError(f"sample counts must be >= 0, got {list(self.sizes)}")
 
+
+
+def format_view_splits(title: str, view: list[dict | None], render_sample: Callable[[str, int, dict], str]) -> str:
+    """The text of a sentence-sample training view (T5, BERT): ``title``, then per split its document range and
+    sample count ("absent" for a missing split) followed by ``render_sample(split name, sample id, sample)``
+    for each sample shown. ``view``: one entry per split name, as the kinds' ``training_view`` returns it."""
+    lines = [title]
+    for name, split in zip(SPLIT_NAMES, view):
+        if split is None:
+            lines.append(f"{name:<16}absent")
+            continue
+        begin, end = split["document_range"]
+        lines.append(f"{name:<16}documents [{begin}, {end}), {split['num_samples']} samples")
+        lines.extend(render_sample(name, sample_id, sample) for sample_id, sample in split["samples"].items())
+    return "\n".join(lines)

@@ -47,11 +47,16 @@ class GenerateConfig:
     """Prompts per forward pass on one data-parallel replica."""
     tensor_model_parallel_size: int = 1
     pipeline_model_parallel_size: int = 1
+    expert_model_parallel_size: int = 1
+    """Ranks each MoE layer's experts are sharded over: that many data-parallel replicas, each generating its
+    own prompts, exchange tokens with the experts' ranks (`trainer.generation.layout`). Divides the experts and
+    the data-parallel size; 1 (every rank holds every expert) for a dense model."""
     device: str | None = None
     """cpu or cuda; default cuda when available."""
 
     def __post_init__(self) -> None:
-        for name in ("max_new_tokens", "batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size"):
+        for name in ("max_new_tokens", "batch_size", "tensor_model_parallel_size", "pipeline_model_parallel_size",
+                     "expert_model_parallel_size"):
             if getattr(self, name) < 1:
                 raise TrainConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.prompts and not self.prompt_ids:

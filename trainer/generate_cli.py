@@ -10,6 +10,10 @@
     # input -> decoder output; here split into two pipeline stages (encoder/decoder blocks), one process each
     generate --load t5-small/ --prompt "translate English to German: Hello" --greedy \\
              --nproc-per-node 2 --pipeline-model-parallel-size 2
+    # a Switch Transformers directory (or a MoE checkpoint): each MoE layer's experts split over 2
+    # processes, each generating half of the prompts (DeepSpeed's spelling: --moe_ep_size 2)
+    generate --load switch-base-8/ --prompt-file prompts.txt --greedy --nproc-per-node 2 \\
+             --expert-model-parallel-size 2
 
 Without tokenizer flags the tokenizer files stored with the model are used. Prints each continuation
 (``--json``: one object per prompt and line, with ``prompt``, ``text`` and the generated ``ids``).
@@ -18,6 +22,7 @@ Without tokenizer flags the tokenizer files stored with the model are used. Prin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -34,12 +39,15 @@ from trainer.collective_cli import (
     launch_config_from_args,
     run_collective,
 )
-from trainer.config import LaunchConfig
+from trainer.cli_args import option_name
+from trainer.config import LaunchConfig, MoEConfig
 from trainer.generate import GenerateConfig, check_generation
 from trainer.generation.sampling import SamplingConfig
 from trainer.models import spec_for_source
 
 PROG = "generate"
+# The train flag (and its DeepSpeed aliases) that ``generate`` takes as is.
+EXPERT_PARALLEL_FIELD = "expert_model_parallel_size"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,7 +73,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
     add_tokenizer_arguments(parser, required=False)
     add_layout_arguments(parser)
+    _add_expert_parallel_argument(parser)
     return parser
+
+
+def _add_expert_parallel_argument(parser: argparse.ArgumentParser) -> None:
+    """``--expert-model-parallel-size`` under train's spellings (`trainer.config.MoEConfig`'s field and aliases)."""
+    field = next(f for f in dataclasses.fields(MoEConfig) if f.name == EXPERT_PARALLEL_FIELD)
+    group = parser.add_argument_group("mixture of experts")
+    group.add_argument(option_name(field.name), *field.metadata["aliases"], dest=field.name, type=int,
+                       default=field.default, metavar="E",
+                       help="shard each MoE layer's experts over E data-parallel processes, each generating its own "
+                            "prompts (E divides the experts and the data-parallel size)")
 
 
 def _read_prompt_file(path: str) -> list[str]:
@@ -96,7 +115,8 @@ def config_from_args(args: argparse.Namespace) -> tuple[GenerateConfig, LaunchCo
                             tokenizer=tokenizer_config_from_args(args), sampling=sampling,
                             max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size,
                             tensor_model_parallel_size=args.tensor_model_parallel_size,
-                            pipeline_model_parallel_size=args.pipeline_model_parallel_size, device=args.device)
+                            pipeline_model_parallel_size=args.pipeline_model_parallel_size,
+                            expert_model_parallel_size=args.expert_model_parallel_size, device=args.device)
     return config, launch_config_from_args(args)
 
 

@@ -46,8 +46,10 @@ def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | N
 
     ``params`` must hold each model parameter once per pipeline stage (leave out the last stage's
     copy of the tied embedding). DTensor gradients are grouped by mesh and placements so each group
-    costs one reduction over its sharded mesh dimensions; plain gradients are identical on their
-    tp/dp peers and need none; the sums of squares of the stages are added over ``pp_group``.
+    costs one reduction over its sharded mesh dimensions (FSDP2's ``dp`` shards; an expert weight's
+    (expert_dp, ep) shards at ZeRO stages 2-3, or its ``ep`` shards below, never its replicas over tp);
+    plain gradients are identical on their tp/dp peers and need none; the sums of squares of the stages
+    are added over ``pp_group``.
     """
     device = params[0].device if params else torch.device("cpu")
     groups: dict[object, list[DTensor]] = defaultdict(list)

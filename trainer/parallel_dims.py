@@ -114,8 +114,8 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int) -> ParallelDims:
 
 def _expert_rules(config: TrainConfig, dp: int, ep: int) -> list[tuple[bool, str]]:
     """Mixture-of-experts layout rules: ep divides the experts and the data-parallel size, and the layouts
-    expert parallelism does not combine with yet. Any tp works: the experts are replicated over it
-    (`trainer.moe.parallel`)."""
+    expert parallelism does not combine with yet. Any tp works: the experts are replicated over it; so does
+    every ZeRO stage: FSDP2 shards the experts over expert_dp (`trainer.moe.parallel`)."""
     moe = config.moe
     if moe.num_experts is None:
         return []
@@ -123,13 +123,6 @@ def _expert_rules(config: TrainConfig, dp: int, ep: int) -> list[tuple[bool, str
         (moe.num_experts % ep == 0,
          f"num_experts ({moe.num_experts}) is not divisible by expert_model_parallel_size ({ep})"),
         (dp % ep == 0, f"the data-parallel size ({dp}) is not divisible by expert_model_parallel_size ({ep})"),
-        # fullgraph compilation cannot trace the routing's data-dependent sizes (tokens per expert).
-        (not config.training.compile, "num_experts with compile is not implemented yet"),
-        # ZeRO stages 2-3 shard the model with FSDP2 over dp, which would need its expert weights sharded over
-        # expert_dp; stage 1 (`trainer.zero.ShardedAdamW`) steps expert weights whole.
-        (ep == 1 or config.parallelism.zero_stage < 2,
-         f"expert_model_parallel_size ({ep}) > 1 with zero_stage {config.parallelism.zero_stage} (FSDP2) is not "
-         "implemented yet: use zero_stage 0 or 1"),
     ]
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import OffloadPolicy, fully_shard
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -30,23 +30,60 @@ def apply_compile(blocks: list[nn.Module]) -> None:
     (checkpoints, optimiser state) gain no ``_orig_mod.`` and the hooks FSDP2 registers on the block
     later run eagerly around the compiled code, as they do around torchtitan's wrapper.
     ``fullgraph=True``: a graph break inside a block is a bug to fix, not a silent slowdown.
+
+    A module that sets ``compile_parts_only = True`` (`COMPILE_PARTS_ONLY`; a MoE layer, whose token
+    dispatch has data-dependent sizes) keeps its own forward eager, and so do the modules holding it: their
+    other submodules are compiled instead (torchtitan's rule for MoE blocks: attention, norms, router
+    compiled; dispatch eager).
     """
     for block in blocks:
-        block.forward = torch.compile(block.forward, fullgraph=True)
+        _compile_static_parts(block)
+
+
+COMPILE_PARTS_ONLY = "compile_parts_only"
+"""Module attribute: True where `apply_compile` must leave the module's own forward eager."""
+
+
+def _compile_static_parts(module: nn.Module) -> None:
+    """Compile ``module``'s forward whole when nothing inside it asks to stay eager, else its children's
+    (recursively); modules without a forward of their own (parameter holders) are left alone."""
+    stays_eager = any(getattr(inner, COMPILE_PARTS_ONLY, False) for inner in module.modules())
+    if not stays_eager and type(module).forward is not nn.Module.forward:
+        module.forward = torch.compile(module.forward, fullgraph=True)
+        return
+    for child in module.children():
+        _compile_static_parts(child)
 
 
 def apply_fsdp(part: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               offload_policy: OffloadPolicy | None = None) -> None:
+               offload_policy: OffloadPolicy | None = None, mp_policy: MixedPrecisionPolicy | None = None) -> None:
     """FSDP2 over ``dp_mesh``: one parameter group per transformer block (the family's
     `ParallelPlan.blocks`), everything else (embeddings, norms, heads) in the part's root group.
 
     ``reshard_after_forward``: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP; `trainer.zero`);
-    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU.
+    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU;
+    ``mp_policy``: `fsdp_mixed_precision`'s policy under bf16/fp16 (None: gather the weights as they are).
     """
-    offload_policy = offload_policy or OffloadPolicy()  # fully_shard's default: no offload
+    options = dict(reshard_after_forward=reshard_after_forward,
+                   offload_policy=offload_policy or OffloadPolicy(),  # fully_shard's defaults: no offload,
+                   mp_policy=mp_policy or MixedPrecisionPolicy())     # no casts
     for block in blocks:
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
-    fully_shard(part, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, offload_policy=offload_policy)
+        fully_shard(block, mesh=dp_mesh, **options)
+    fully_shard(part, mesh=dp_mesh, **options)
+
+
+def fsdp_mixed_precision(compute_dtype: torch.dtype | None) -> MixedPrecisionPolicy | None:
+    """FSDP2's policy for a run computing in ``compute_dtype`` under autocast (None: fp32, no policy).
+
+    The weights are all-gathered already cast to the compute dtype, so a rank holds half-precision copies of
+    the gathered weights only (half the all-gather traffic too), and autocast, finding them in its dtype,
+    caches no second copy; the sharded weights, their gradients after the reduce-scatter (run in float32)
+    and the optimiser stay float32. The blocks' inputs are not cast: the residual stream stays float32, as
+    under autocast alone.
+    """
+    if compute_dtype is None:
+        return None
+    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:

@@ -30,7 +30,7 @@ from trainer.grads import sync_tied_embedding_grad
 from trainer.keyed_dropout import sample_keys, set_tensor_parallel
 from trainer.models.spec import ParallelPlan, Shape
 from trainer.parallel_dims import ParallelDims
-from trainer.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp
+from trainer.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, fsdp_mixed_precision
 from trainer.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
 from trainer.auxiliary import (
     auxiliary_modules,
@@ -39,7 +39,7 @@ from trainer.auxiliary import (
     reduce_metrics,
     set_auxiliary_loss_scale,
 )
-from trainer.moe.parallel import apply_ep, ignore_expert_parameters, reduce_expert_grads
+from trainer.moe.parallel import apply_ep, apply_expert_fsdp, ignore_expert_parameters, reduce_expert_grads
 from trainer.zero import FULL_SHARD_STAGE, average_gradients, uses_fsdp
 
 
@@ -103,8 +103,11 @@ class ParallelModel:
             if compile_blocks:
                 apply_compile(plan.blocks(part))
             if self.uses_fsdp:
-                apply_fsdp(part, plan.blocks(part), mesh["dp"], self.zero_stage == FULL_SHARD_STAGE,
-                           offload_policy=self._offload_policy())
+                reshard_after_forward = self.zero_stage == FULL_SHARD_STAGE
+                policies = dict(offload_policy=self._offload_policy(), mp_policy=fsdp_mixed_precision(autocast_dtype))
+                if dims.ep > 1:  # the experts' own units first, over expert_dp: the blocks' then skip them
+                    apply_expert_fsdp(part, mesh["expert_dp"], dims.dp, reshard_after_forward, **policies)
+                apply_fsdp(part, plan.blocks(part), mesh["dp"], reshard_after_forward, **policies)
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
         replicated = dims.dp > 1 and not self.uses_fsdp
@@ -242,7 +245,7 @@ class ParallelModel:
                 total = self._run_local(microbatches, train)
         if train and self.grad_group is not None:
             average_gradients((p for _, p in self._named), self.grad_group)
-        if train and self.dims.ep > 1:
+        if train and self.dims.ep > 1 and not self.uses_fsdp:  # FSDP2's expert units reduce them themselves
             reduce_expert_grads([p for _, p in self._named], self.expert_dp_group, self.dims.dp)
         return total / self.loss_scale, self.has_last_stage
 

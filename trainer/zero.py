@@ -1,8 +1,9 @@
 """ZeRO stages 0-3 over the data-parallel ranks, from PyTorch's own pieces.
 
 What each stage keeps on a rank (N data-parallel ranks, Ψ parameters, fp32 weights and gradients, AdamW's
-two fp32 moments; autocast computes bf16/fp16 from the fp32 weights, so these bytes are the same under
-``--bf16``):
+two fp32 moments; between steps the same under ``--bf16``, where autocast computes from the fp32 weights and
+caches their casts from forward to the end of backward, and stages 2-3 gather the weights already cast,
+`trainer.parallelize.fsdp_mixed_precision`: 2Ψ, not 4Ψ, during forward/backward at stage 2):
 
     stage 0  replicated: DDP (or `average_gradients` under TP/PP)  4Ψ params + 4Ψ grads + 8Ψ states
     stage 1  gradients averaged as stage 0, `ShardedAdamW`        4Ψ params + 4Ψ grads + 8Ψ/N states
@@ -13,6 +14,10 @@ Stage 2 is FSDP2's SHARD_GRAD_OP (PyTorch's ZeRO-2): gradients are reduce-scatte
 backward and the optimiser steps on shards, as DeepSpeed's stage 2; the parameters are all-gathered once
 per step and stay whole through forward and backward, but FSDP2 frees them after backward, so between
 steps a rank holds only its shard of them (DeepSpeed's stage 2 keeps them whole).
+
+Under expert parallelism an expert weight is replicated on its ``expert_dp`` ranks only: stage 1 steps it
+whole (`ShardedAdamW` leaves it unsliced), stages 2-3 shard it over expert_dp in an FSDP2 unit of its own
+(`trainer.moe.parallel.apply_expert_fsdp`), so "N" for the experts' bytes is expert_dp.
 
 `ShardedAdamW` (stage 1, with or without ``--cpu-offload``; also offload over one data-parallel rank): each parameter's flattened (local,
 under TP) tensor is cut into N equal slices; rank r's AdamW steps slice r (a view of the parameter, or a

@@ -77,6 +77,10 @@ class Tokenizer(abc.ABC):
     affixes: tuple[tuple[int, ...], tuple[int, ...]] = ((), ())
     """(prefix, suffix): the ids `encode` puts around every text (a BOS, [CLS] ... [SEP]); `encode_plain`
     leaves them out."""
+    parallel_batches: bool | None = None
+    """Whether `encode_batch` may spread one batch over the tokenizer library's own thread pool
+    (gigatoken's; None: the library decides). The encoders set it: off where their own threads already
+    fill every core (see `preprocess.workers.spread_batches`)."""
 
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of one text without `affixes` (a piece of a longer text)."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..splits import SPLIT_NAMES
-from ..view import TrainingViewConfig, ViewTokens, ViewVocabulary
+from ..view import TrainingViewConfig, ViewTokens, ViewVocabulary, format_view_splits
 from .dataset import BertDataset, BertDatasetConfig, build_bert_datasets
 from .masking import masking_options
 
@@ -84,16 +83,12 @@ def training_view(data: str, config: TrainingViewConfig, view_tokens: ViewTokens
 def format_training_view(view: list[dict | None], config: TrainingViewConfig) -> str:
     """The text `inspect-index --model bert` prints for a BERT training view."""
     head = "sentence order" if config.binary_head else "no binary head"
-    lines = [f"training view   bert, seq-length {config.sequence_length}, mask-prob {config.mask_prob}, {head}, "
-             f"split {config.split}, seed {config.seed}"]
-    for name, split in zip(SPLIT_NAMES, view):
-        if split is None:
-            lines.append(f"{name:<16}absent")
-            continue
-        begin, end = split["document_range"]
-        lines.append(f"{name:<16}documents [{begin}, {end}), {split['num_samples']} samples")
-        for sample_id, sample in split["samples"].items():
-            order = f"is_random {sample['is_random']}" if config.binary_head else "no sentence order"
-            lines.append(f"--- {name} sample {sample_id} ({order}, truncated {sample['truncated']}) ---\n"
-                         f"input:  {sample['text']}\nmasked: {sample['predictions']}")
-    return "\n".join(lines)
+    title = (f"training view   bert, seq-length {config.sequence_length}, mask-prob {config.mask_prob}, {head}, "
+             f"split {config.split}, seed {config.seed}")
+
+    def render(name: str, sample_id: int, sample: dict) -> str:
+        order = f"is_random {sample['is_random']}" if config.binary_head else "no sentence order"
+        return (f"--- {name} sample {sample_id} ({order}, truncated {sample['truncated']}) ---\n"
+                f"input:  {sample['text']}\nmasked: {sample['predictions']}")
+
+    return format_view_splits(title, view, render)

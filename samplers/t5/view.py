@@ -3,8 +3,7 @@ split of one sentence-split dataset, as plain dicts and as text (see `samplers.v
 
 from __future__ import annotations
 
-from ..splits import SPLIT_NAMES
-from ..view import TrainingViewConfig, ViewTokens
+from ..view import TrainingViewConfig, ViewTokens, format_view_splits
 from .dataset import T5DatasetConfig, format_t5_ids, inspect_t5_splits
 
 SENTINEL_NAME = "<extra_id_{}>"
@@ -45,15 +44,10 @@ def training_view(data: str, config: TrainingViewConfig, view_tokens: ViewTokens
 
 def format_training_view(view: list[dict | None], config: TrainingViewConfig) -> str:
     """The text `inspect-index --model t5` prints for a T5 training view."""
-    lines = [f"training view   t5, encoder {config.sequence_length}, decoder {config.decoder_sequence_length}, "
-             f"split {config.split}, seed {config.seed}"]
-    for name, split in zip(SPLIT_NAMES, view):
-        if split is None:
-            lines.append(f"{name:<16}absent")
-            continue
-        begin, end = split["document_range"]
-        lines.append(f"{name:<16}documents [{begin}, {end}), {split['num_samples']} samples")
-        for sample_id, sample in split["samples"].items():
-            lines.append(f"--- {name} sample {sample_id} ---\ninput:  {sample['encoder_text']}\n"
-                         f"target: {sample['target_text']}")
-    return "\n".join(lines)
+    title = (f"training view   t5, encoder {config.sequence_length}, decoder {config.decoder_sequence_length}, "
+             f"split {config.split}, seed {config.seed}")
+
+    def render(name: str, sample_id: int, sample: dict) -> str:
+        return f"--- {name} sample {sample_id} ---\ninput:  {sample['encoder_text']}\ntarget: {sample['target_text']}"
+
+    return format_view_splits(title, view, render)

@@ -9,7 +9,15 @@ import torch.nn.functional as F
 
 from trainer.auxiliary import pop_metrics, reduce_metrics
 from trainer.moe.dispatch import capacity_keep_mask, expert_capacity
-from trainer.moe.experts import BATCHED, GROUPED_MM, LOOP, grouped_matmul
+from trainer.moe.experts import (
+    BATCHED,
+    GROUPED_MM,
+    LOOP,
+    SEGMENTED,
+    cpu_grouped_mm_available,
+    grouped_matmul,
+    select_backend,
+)
 from trainer.moe.layer import AUX_LOSS, DROPPED_FRACTION, MAX_LOAD, MIN_LOAD, METRIC_KINDS, Z_LOSS, MoELayer
 from trainer.moe.router import load_balancing_loss, route, z_loss
 from trainer.moe.settings import MoESettings
@@ -171,7 +179,18 @@ def test_metrics_report_losses_dropped_fraction_and_expert_loads():
     assert layer.pop_auxiliary_metrics(last_forwards=5)[DROPPED_FRACTION].weight == 16  # fewer than asked: all
 
 
-@pytest.mark.parametrize("backend", [BATCHED, GROUPED_MM])
+def test_evaluation_and_generation_forwards_record_no_metrics():
+    """Only a training step pops the records: forwards in eval mode (evaluation, generation) keep none, so a
+    long generation does not pile them up."""
+    layer = make_layer(top_k=1, aux_loss_coeff=0.01)
+    layer.eval()
+    with torch.no_grad():
+        for _ in range(3):
+            layer(torch.randn(16, HIDDEN))
+    assert layer.pop_auxiliary_metrics() == {}
+
+
+@pytest.mark.parametrize("backend", [BATCHED, GROUPED_MM, SEGMENTED])
 def test_grouped_backends_compute_the_per_expert_loop_numbers(backend):
     torch.manual_seed(1)
     x, w = torch.randn(20, 8), torch.randn(4, 8, 16)
@@ -203,10 +222,11 @@ def test_expert_mlps_give_the_same_numbers_with_every_cpu_backend(activation):
             param.normal_(0.0, 0.5)
     x, counts = torch.randn(9, HIDDEN), torch.tensor([0, 6, 0, 3])  # empty experts included
     outputs = {}
-    for backend in (LOOP, BATCHED):
+    for backend in (LOOP, BATCHED, SEGMENTED):
         experts.backend = backend
         outputs[backend] = experts(x, counts)
     torch.testing.assert_close(outputs[BATCHED], outputs[LOOP], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(outputs[SEGMENTED], outputs[LOOP], atol=0, rtol=0)  # the same mm per expert
 
 
 def test_input_jitter_perturbs_only_the_routers_input_and_only_in_training():
@@ -229,3 +249,25 @@ def test_input_jitter_perturbs_only_the_routers_input_and_only_in_training():
     same = routing.experts[:, 0] == route(x @ layer.router.weight.t(), 1, True).experts[:, 0]
     ratio = routing.weights[:, 0] / torch.softmax(x @ layer.router.weight.t(), -1).gather(1, routing.experts)[:, 0]
     torch.testing.assert_close(jittered[same], plain[same] * ratio[same, None], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("backend", [SEGMENTED, GROUPED_MM])
+def test_per_expert_backends_give_the_loops_gradients_to_the_bit(backend):
+    """The CPU paths run the loop's very matmuls, forward and backward (empty experts get zero gradients)."""
+    if backend == GROUPED_MM and not cpu_grouped_mm_available(torch.float32):
+        pytest.skip("this torch has no CPU torch._grouped_mm")
+    torch.manual_seed(3)
+    x, w = torch.randn(20, 8, requires_grad=True), torch.randn(4, 8, 12, requires_grad=True)
+    counts, grad = torch.tensor([5, 0, 12, 3]), torch.randn(20, 12)
+    got = torch.autograd.grad(grouped_matmul(x, w, counts, backend), [x, w], grad)
+    want = torch.autograd.grad(grouped_matmul(x, w, counts, LOOP), [x, w], grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=0, rtol=0)
+    assert not got[1][1].any()
+
+
+def test_cpu_picks_grouped_mm_for_aligned_rows_and_segmented_otherwise():
+    x = torch.randn(6, 8)
+    aligned = GROUPED_MM if cpu_grouped_mm_available(torch.float32) else SEGMENTED
+    assert select_backend(x, torch.empty(4, 8, 12)) == aligned
+    assert select_backend(x, torch.empty(4, 8, 13)) == SEGMENTED  # 13 float32 rows: 52 bytes, not 16-aligned

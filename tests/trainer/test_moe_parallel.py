@@ -61,14 +61,11 @@ def test_ep2_with_dp2_and_dp4_follow_the_single_process_loss_curve_dropless_and_
 @pytest.mark.parametrize(("overrides", "world_size", "message"), [
     (dict(num_experts=6, expert_model_parallel_size=4), 4, "num_experts (6) is not divisible by expert_model_parallel_size (4)"),
     (dict(num_experts=4, expert_model_parallel_size=4), 2, "data-parallel size (2) is not divisible by expert_model_parallel_size (4)"),
-    (dict(num_experts=4), 1, "num_experts with compile is not implemented yet"),
 ])
 def test_expert_layout_rules_are_checked_up_front_with_one_line(tiny_prefix, cache_dir, overrides, world_size, message):
     layout = {4: dict(tp=2)}.get(world_size, {})
     config = tiny_config(tiny_prefix, cache_dir, num_layers=2, **layout)
     config = dataclasses.replace(config, moe=MoEConfig(**overrides))
-    if world_size == 1:
-        config = dataclasses.replace(config, training=dataclasses.replace(config.training, compile=True))
     with pytest.raises(TrainConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
         resolve_parallel_dims(config, world_size)
 

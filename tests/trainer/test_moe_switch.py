@@ -53,9 +53,18 @@ def hf_switch(directory: Path):
     return SwitchTransformersForConditionalGeneration.from_pretrained(directory).eval()
 
 
-def dropped_fraction(model) -> float:
-    records = [m.pop_auxiliary_metrics()[DROPPED_FRACTION] for m in model.modules() if isinstance(m, MoELayer)]
-    return sum(r.value for r in records) / sum(r.weight for r in records)
+def dropped_fraction(model, *inputs) -> tuple[float, torch.Tensor]:
+    """The fraction of token-expert assignments ``model`` drops on ``inputs``, and its logits. The layers record
+    it in training forwards only: this one runs in training mode with the input jitter off (the tiny model has
+    no dropout), so it routes as the evaluation forward does."""
+    layers = [m for m in model.modules() if isinstance(m, MoELayer)]
+    for layer in layers:
+        layer.settings = dataclasses.replace(layer.settings, input_jitter_eps=None)
+    with torch.no_grad():
+        logits = model.train()(*inputs)
+    model.eval()
+    records = [layer.pop_auxiliary_metrics()[DROPPED_FRACTION] for layer in layers]
+    return sum(r.value for r in records) / sum(r.weight for r in records), logits
 
 
 def test_switch_config_becomes_top1_pre_softmax_experts_on_switch_layers(tmp_path):
@@ -78,7 +87,8 @@ def test_imported_switch_gives_hf_logits_also_when_capacity_drops_tokens(tmp_pat
         ours = model(encoder, decoder, mask)
         theirs = reference(input_ids=encoder, attention_mask=mask, decoder_input_ids=decoder).logits
     torch.testing.assert_close(ours, theirs, atol=LOGIT_RTOL * theirs.abs().max().item(), rtol=0)
-    dropped = dropped_fraction(model)
+    dropped, logits = dropped_fraction(model, encoder, decoder, mask)
+    torch.testing.assert_close(logits, ours, atol=0, rtol=0)
     assert (dropped > 0.1) if capacity == SMALL_CAPACITY else dropped == 0.0
 
 

@@ -15,7 +15,6 @@ from torch.distributed.tensor import DTensor
 from trainer_testing import run_in_processes, t5_config, tiny_config
 
 from trainer.config import MoEConfig
-from trainer.errors import TrainConfigError
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.gpt.parallelize import apply_tp
 from trainer.moe.layer import MoELayer
@@ -103,17 +102,15 @@ def test_a_checkpoint_saved_at_ep2_by_pp2_resumes_in_one_process_on_its_curve(
     assert resumed["losses"] == pytest.approx(single_process[2]["losses"][half:], abs=LOSS_ATOL)
 
 
-def test_moe_with_tensor_and_pipeline_parallelism_passes_the_layout_rules_and_fsdp_with_ep_is_refused(
-        tiny_prefix, cache_dir):
+def test_moe_with_tensor_and_pipeline_parallelism_and_fsdp_with_ep_passes_the_layout_rules(tiny_prefix, cache_dir):
     dims = resolve_parallel_dims(moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2), 4)
     assert (dims.dp, dims.tp, dims.ep) == (2, 2, 2)
     dims = resolve_parallel_dims(moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2, pp=2), 8)
     assert (dims.pp, dims.dp, dims.tp, dims.ep) == (2, 2, 2, 2)
-    config = moe_config(tiny_prefix, cache_dir, 2, ep=2)
-    config = dataclasses.replace(config, parallelism=dataclasses.replace(config.parallelism, zero_stage=2))
-    with pytest.raises(TrainConfigError, match=r"^expert_model_parallel_size \(2\) > 1 with zero_stage 2 \(FSDP2\) "
-                                               r"is not implemented yet: use zero_stage 0 or 1$"):
-        resolve_parallel_dims(config, 2)
+    config = moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2)  # ZeRO-3: experts over expert_dp (test_moe_zero.py)
+    config = dataclasses.replace(config, parallelism=dataclasses.replace(config.parallelism, zero_stage=3))
+    dims = resolve_parallel_dims(config, 4)
+    assert (dims.dp, dims.tp, dims.ep) == (2, 2, 2)
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from trainer_testing import run_in_processes, tiny_config
 
 from trainer.config import MoEConfig, ParallelismConfig
 from trainer.errors import TrainConfigError
-from trainer.parallel_dims import resolve_parallel_dims
 
 # fp32: the stages sum the same gradients in another order (all-reduce, reduce-scatter, bucketed or not),
 # so losses differ by float rounding only; a missed reduction or a stale shard moves them by percents.
@@ -102,12 +101,3 @@ def test_experts_follow_stage_0_at_stage_1_over_ep2_and_at_stage_3_over_ep1(tiny
         2, [moe(0, 2), moe(1, 2), moe(0, 1), moe(3, 1)], workdir)
     assert_follows(ep2_stage1, ep2_stage0, "ep 2 stage 1")
     assert_follows(ep1_stage3, ep1_stage0, "ep 1 stage 3")
-
-
-def test_expert_parallelism_refuses_the_fsdp2_stages(tiny_prefix, cache_dir):
-    config = zero_config(tiny_prefix, cache_dir, 2, num_layers=2)
-    config = dataclasses.replace(config, moe=MoEConfig(num_experts=4, expert_model_parallel_size=2))
-    with pytest.raises(TrainConfigError) as error:
-        resolve_parallel_dims(config, 2)
-    assert str(error.value) == ("expert_model_parallel_size (2) > 1 with zero_stage 2 (FSDP2) is not implemented "
-                                "yet: use zero_stage 0 or 1")

@@ -3,11 +3,18 @@
 Tokens arrive sorted by expert, ``counts[g]`` rows for expert g; one grouped GEMM computes every expert's
 rows at once. Backends (chosen per call by `select_backend`, each choice logged once):
 
-- ``grouped_mm``: ``torch._grouped_mm`` (one kernel; CUDA, compute capability 9.0+, bfloat16);
-- ``batched``: rows padded per expert to the largest group and one ``torch.bmm`` (CPU and the rest);
-- ``loop``: one matmul per expert (the reference, and the benchmark's baseline).
+- ``grouped_mm``: ``torch._grouped_mm``: on CUDA (compute capability 9.0+, bfloat16) one kernel; on the
+  CPU (torch 2.9+, operands with 16-byte-aligned rows) torch's own loop of one matmul per expert in C++,
+  forward and backward, with no padding;
+- ``segmented`` (CPU where ``torch._grouped_mm`` cannot run): the same in Python (`SegmentedMatmul`): one
+  ``torch.mm`` per expert on its contiguous slice of the sorted rows, written in place into one output,
+  each expert's weight gradient computed straight into its slice;
+- ``batched`` (CUDA without ``torch._grouped_mm``): rows padded per expert to the largest group and one
+  ``torch.bmm`` (one launch instead of E);
+- ``loop``: the naive per-expert loop (split, matmul, concatenate, autograd through ``weight[g]``): the
+  reference, and the benchmark's baseline.
 
-All three compute the same products (each output row is one row times one expert's matrix).
+All four compute the same products (each output row is one row times one expert's matrix).
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from torch.distributed.tensor import DTensor
 
 logger = logging.getLogger(__name__)
 
-GROUPED_MM, BATCHED, LOOP = "grouped_mm", "batched", "loop"
-BACKENDS = (GROUPED_MM, BATCHED, LOOP)
+GROUPED_MM, SEGMENTED, BATCHED, LOOP = "grouped_mm", "segmented", "batched", "loop"
+BACKENDS = (GROUPED_MM, SEGMENTED, BATCHED, LOOP)
 ACTIVATIONS = ("gelu", "relu", "gated-gelu")
 # torch._grouped_mm's kernels (CUTLASS, sm90) need Hopper or newer.
 GROUPED_MM_MIN_CAPABILITY = (9, 0)
-# ... and rows of 16-byte-aligned bfloat16 operands: inner and outer sizes multiples of 8 elements.
-GROUPED_MM_ALIGNMENT = 8
+# ... and, on every device, operands whose rows are 16-byte aligned (torch checks the strides): sizes a
+# multiple of 8 bfloat16 or 4 float32 elements.
+GROUPED_MM_ALIGNMENT_BYTES = 16
 
 
 @functools.cache
@@ -39,17 +47,49 @@ def log_backend(backend: str, reason: str) -> None:
         logger.info("MoE experts: %s grouped GEMM (%s)", backend, reason)
 
 
+@functools.cache
+def cpu_grouped_mm_available(dtype: torch.dtype) -> bool:
+    """Whether this torch runs ``torch._grouped_mm`` on the CPU for ``dtype`` (torch 2.9+; earlier ones
+    have CUDA kernels only)."""
+    try:
+        x, weight = torch.zeros(2, 8, dtype=dtype), torch.zeros(2, 8, 8, dtype=dtype)
+        torch._grouped_mm(x, weight, offs=torch.tensor([1, 2], dtype=torch.int32))
+    except (AttributeError, NotImplementedError, RuntimeError):
+        return False
+    return True
+
+
+def _aligned(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the rows of ``x`` and of every product with ``weight`` [E, in, out] are 16-byte aligned."""
+    alignment = GROUPED_MM_ALIGNMENT_BYTES // x.element_size()
+    return not any(size % alignment for size in weight.shape[1:])
+
+
 def select_backend(x: torch.Tensor, weight: torch.Tensor) -> str:
-    """``grouped_mm`` where the device supports it for these operands, else ``batched``."""
+    """``grouped_mm`` where the device supports it for these operands; else ``segmented`` on the CPU and
+    ``batched`` elsewhere."""
+    shapes = f"{x.dtype} {tuple(weight.shape[1:])}"
+    if x.device.type == "cpu":
+        # Measured (benchmarks/moe.py): per-expert products on contiguous rows beat the padded bmm on the CPU,
+        # which spends FLOPs and memory traffic on the padding and on moving rows in and out of it.
+        if not cpu_grouped_mm_available(x.dtype):
+            log_backend(SEGMENTED, f"torch {torch.__version__} has no CPU torch._grouped_mm for {x.dtype}")
+            return SEGMENTED
+        if not _aligned(x, weight):
+            log_backend(SEGMENTED, f"torch._grouped_mm needs rows of a multiple of {GROUPED_MM_ALIGNMENT_BYTES} "
+                                   f"bytes, got {shapes}")
+            return SEGMENTED
+        log_backend(GROUPED_MM, "torch._grouped_mm on the CPU: one matmul per expert, no padding")
+        return GROUPED_MM
     if x.device.type != "cuda":
-        log_backend(BATCHED, f"torch._grouped_mm needs CUDA, tokens are on {x.device.type}")
+        log_backend(BATCHED, f"torch._grouped_mm needs CUDA or the CPU, tokens are on {x.device.type}")
         return BATCHED
     if torch.cuda.get_device_capability(x.device) < GROUPED_MM_MIN_CAPABILITY:
         log_backend(BATCHED, "torch._grouped_mm needs compute capability 9.0+")
         return BATCHED
-    if x.dtype != torch.bfloat16 or any(size % GROUPED_MM_ALIGNMENT for size in weight.shape[1:]):
-        log_backend(BATCHED, f"torch._grouped_mm needs bfloat16 operands with sizes a multiple of "
-                              f"{GROUPED_MM_ALIGNMENT}, got {x.dtype} {tuple(weight.shape[1:])}")
+    if x.dtype != torch.bfloat16 or not _aligned(x, weight):
+        log_backend(BATCHED, f"torch._grouped_mm needs bfloat16 operands with rows of a multiple of "
+                             f"{GROUPED_MM_ALIGNMENT_BYTES} bytes, got {shapes}")
         return BATCHED
     log_backend(GROUPED_MM, f"torch._grouped_mm on {torch.cuda.get_device_name(x.device)}")
     return GROUPED_MM
@@ -70,10 +110,52 @@ def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor, 
     if backend == GROUPED_MM:
         offsets = counts.cumsum(0).to(torch.int32)
         return torch._grouped_mm(x, weight, offs=offsets)
+    if backend == SEGMENTED:
+        return SegmentedMatmul.apply(x, weight, counts.tolist())
     if backend == LOOP:
         blocks = x.split(counts.tolist())
         return torch.cat([block @ weight[g] for g, block in enumerate(blocks)]) if len(x) else x @ weight[0]
     return _batched_matmul(x, weight, counts)
+
+
+class SegmentedMatmul(torch.autograd.Function):
+    """Row block g of x [N, K] times weight[g] [K, M], one ``torch.mm`` per block into one [N, M] output.
+
+    The backward runs the same per-block products (x's gradient block by block, weight[g]'s gradient from
+    block g alone, zero for an empty block): the numbers of the per-expert loop without its concatenations
+    and without autograd's [G, K, M] zero-filled gradient per ``weight[g]`` selection.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, splits: list[int]) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.splits = splits
+        out = x.new_empty(x.shape[0], weight.shape[2])
+        for g, rows in _segments(splits):
+            torch.mm(x[rows], weight[g], out=out[rows])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        grad = grad.contiguous()
+        grad_x = grad.new_empty(x.shape) if ctx.needs_input_grad[0] else None
+        grad_weight = grad.new_zeros(weight.shape) if ctx.needs_input_grad[1] else None
+        for g, rows in _segments(ctx.splits):
+            if grad_x is not None:
+                torch.mm(grad[rows], weight[g].t(), out=grad_x[rows])
+            if grad_weight is not None:
+                torch.mm(x[rows].t(), grad[rows], out=grad_weight[g])
+        return grad_x, grad_weight, None
+
+
+def _segments(splits: list[int]):
+    """(group, row slice) of every non-empty group of a group-sorted matrix with ``splits`` rows per group."""
+    start = 0
+    for g, count in enumerate(splits):
+        if count:
+            yield g, slice(start, start + count)
+        start += count
 
 
 def _padded_slots(counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,6 +199,10 @@ class GroupedExperts(nn.Module):
     initialisation rules for its MLP apply to its experts unchanged.
     """
 
+    compile_parts_only = True
+    """`trainer.parallelize.apply_compile` leaves the forward eager: its grouped products take per-expert row
+    counts (read on the host by the CPU paths) and its path is chosen per call."""
+
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, activation: str,
                  backend: str | None = None) -> None:
         super().__init__()
@@ -138,6 +224,12 @@ class GroupedExperts(nn.Module):
             x, w1, w2 = x.to(dtype), w1.to(dtype), w2.to(dtype)
         w3 = self.w3.local().to(x.dtype) if self.w3 is not None else None
         backend = self.backend or select_backend(x, w1)
+        if backend == GROUPED_MM:
+            offsets = counts.cumsum(0).to(torch.int32)  # once for the two or three products
+            return self._mlp(x, w1, w2, w3, lambda rows, weight: torch._grouped_mm(rows, weight, offs=offsets))
+        if backend == SEGMENTED:
+            splits = counts.tolist()  # once (a host copy on the CPU, where it runs)
+            return self._mlp(x, w1, w2, w3, lambda rows, weight: SegmentedMatmul.apply(rows, weight, splits))
         if backend == BATCHED and len(x):
             # Pad once for all the matmuls: the padding rows are zeros, stay zeros through the activation
             # (act(0) = 0) and are dropped at the end.

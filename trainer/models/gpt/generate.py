@@ -3,7 +3,8 @@
 One process, or tp x pp x dp processes (under torchrun, ``generate --nproc-per-node N``, or a group the
 caller set up): prompts are split over the data-parallel replicas, run in left-padded batches with a
 KV cache (`trainer.generation.kv_cache`) through this rank's `trainer.models.gpt.sharded.ShardedGPT`,
-and every rank returns every prompt's completion.
+and every rank returns every prompt's completion. A MoE GPT's experts may be sharded over ep of the
+replicas, which then step together (`trainer.generation.layout`).
 
     completions = generate_gpt(GenerateConfig(load="gpt2/", prompts=["Hello, my name is"], max_new_tokens=20,
                                               sampling=SamplingConfig(greedy=True)))
@@ -24,7 +25,7 @@ from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generate import Completion, GenerateConfig, prompt_tokenizer
 from trainer.generation.kv_cache import KVCache
-from trainer.generation.layout import GenerationLayout
+from trainer.generation.layout import GenerationLayout, finished_everywhere
 from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import SamplingConfig, next_tokens
 from trainer.hf_files import is_hf_directory, read_hf_config
@@ -56,9 +57,9 @@ class GPTSource:
     def max_positions(self) -> int:
         return self.shape.max_position_embeddings
 
-    def layout(self, tp: int, pp: int, world_size: int) -> GenerationLayout:
+    def layout(self, tp: int, pp: int, world_size: int, ep: int = 1) -> GenerationLayout:
         """`sharded_layout` of this model (raises `TrainConfigError` for a size that does not divide)."""
-        return sharded_layout(self.shape, tp, pp, world_size)
+        return sharded_layout(self.shape, tp, pp, world_size, ep)
 
     def open_sharded(self, layout: GenerationLayout, device_type: str, device: torch.device, verify: bool
                      ) -> ShardedGPT:
@@ -114,7 +115,8 @@ def left_pad(prompts: list[list[int]], device: torch.device) -> tuple[torch.Tens
 
 def generate_ids(model: ShardedGPT, prompts: list[list[int]], max_new_tokens: int, sampling: SamplingConfig,
                  eod_id: int | None, generator: torch.Generator | None) -> list[list[int]]:
-    """Continue one batch of prompts (collective over the model's tp/pp ranks).
+    """Continue one batch of prompts (collective over the model's tp/pp ranks and its ep group: the batch
+    decodes until the group's every row is done).
 
     Args:
         model: this rank's part of the model.
@@ -139,7 +141,7 @@ def generate_ids(model: ShardedGPT, prompts: list[list[int]], max_new_tokens: in
         generated.append(chosen)
         if eod_id is not None:
             done |= chosen == eod_id
-        if bool(done.all()):
+        if finished_everywhere(done, model.ep_group):
             break
         step_tokens, step_positions = chosen[:, None], (lengths + step)[:, None]
     table = torch.stack(generated, dim=1).tolist()
@@ -193,24 +195,31 @@ def plan_generation(config: GenerateConfig, world_size: int) -> GenerationPlan:
         raise TrainConfigError(f"prompt token ids must be in [0, {source.vocab_size}) (the model's vocabulary); "
                                f"found {largest if largest >= source.vocab_size else smallest}")
     _check_positions(prompt_ids, config.max_new_tokens, source.shape.max_position_embeddings)
-    layout = source.layout(config.tensor_model_parallel_size, config.pipeline_model_parallel_size, world_size)
+    layout = source.layout(config.tensor_model_parallel_size, config.pipeline_model_parallel_size, world_size,
+                           config.expert_model_parallel_size)
     eod_id = tokenizer.eod if tokenizer is not None else source.eod_id
     return GenerationPlan(source, tokenizer, given, prompt_ids, eod_id, layout)
 
 
 def _generate_here(config: GenerateConfig, plan: GenerationPlan, device_type: str,
                    device: torch.device) -> list[list[int]]:
-    """This rank's share: its data-parallel replica's prompts, then every replica's results."""
+    """This rank's share: its data-parallel replica's prompts (and fillers, under expert parallelism), then
+    every replica's results."""
     layout, prompt_ids = plan.layout, plan.prompt_ids
     model = plan.source.open_sharded(layout, device_type, device, verify=not config.no_verify)
     generator = torch.Generator(device=device).manual_seed(config.seed)
-    logger.info("generating for %d prompts (tp %d, pp %d, dp %d)", len(prompt_ids), layout.tp, layout.pp, layout.dp)
+    count = len(prompt_ids)
+    logger.info("generating for %d prompts (tp %d, pp %d, dp %d, ep %d)", count, layout.tp, layout.pp, layout.dp,
+                layout.ep)
 
     def run_batch(indices: list[int]) -> list[list[int]]:
-        return generate_ids(model, [prompt_ids[i] for i in indices], config.max_new_tokens, config.sampling,
-                            plan.eod_id, generator)
+        # A filler (an index past the prompts) repeats the first prompt; `items_to_run` says why.
+        return generate_ids(model, [prompt_ids[i if i < count else 0] for i in indices], config.max_new_tokens,
+                            config.sampling, plan.eod_id, generator)
 
-    return map_over_replicas(len(prompt_ids), config.batch_size, model.dp_rank, layout.dp, model.dp_group, run_batch)
+    results = map_over_replicas(layout.items_to_run(count), config.batch_size, model.dp_rank, layout.dp,
+                                model.dp_group, run_batch)
+    return results[:count]
 
 
 def generate_gpt(config: GenerateConfig) -> list[Completion]:

@@ -1,9 +1,10 @@
 """This rank's share of the GPT for generation and scoring: a pipeline stage, tensor-parallel, in eval mode.
 
-It reuses the trainer's pieces (`split_stage`, `apply_tp` without sequence parallelism, the
-``(pp, dp, tp)`` mesh) and moves hidden states between pipeline stages with plain point-to-point
-sends in a fixed order, which gloo runs on CPU. The last stage keeps the final norm and the output head
-apart from its blocks and applies them only to the positions that are read: the last one while decoding
+It reuses the trainer's pieces (`split_stage`, `apply_tp` without sequence parallelism,
+`trainer.moe.parallel.apply_ep` for a MoE GPT's experts, the trainer's mesh) and moves hidden states
+between pipeline stages with plain point-to-point sends in a fixed order, which gloo runs on CPU. The last
+stage keeps the final norm and the output head apart from its blocks and applies them only to the positions
+that are read: the last one while decoding
 (the next tokens, broadcast over the pipeline group so every rank leaves `next_tokens` with the same
 ids), the scored ones in `ShardedGPT.score` (evaluation: each scored position's log-probability of its
 target, the log-softmax taken over the vocabulary shards without gathering them, `vocab_parallel_scores`,
@@ -27,6 +28,7 @@ from trainer.generation.layout import GenerationLayout
 from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
 from trainer.models.gpt.parallelize import apply_tp
 from trainer.models.gpt.pipeline import split_stage
+from trainer.moe.parallel import apply_ep
 
 # Logit elements (float32) one scoring step holds per rank: the head and log-softmax run over the scored
 # rows in chunks of about 16 MiB rather than over [rows, vocab] at once (GPT-2's vocabulary at batch 8 x
@@ -36,9 +38,9 @@ from trainer.models.gpt.pipeline import split_stage
 SCORE_CHUNK_ELEMENTS = 1 << 22
 
 
-def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int) -> GenerationLayout:
+def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int, ep: int = 1) -> GenerationLayout:
     """The layout of a GPT generation run, checked (heads, MLP, positions and vocabulary split over tp,
-    layers over pp).
+    layers over pp, experts over ep).
 
     Raises:
         TrainConfigError: naming the size that does not divide.
@@ -46,28 +48,39 @@ def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int) -> Genera
     split_by_tp = {"num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
                    "max_position_embeddings": shape.max_position_embeddings,
                    "the checkpoint's padded vocabulary": shape.padded_vocab_size}
-    return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, {"num_layers": shape.num_layers})
+    num_experts = shape.moe.num_experts if shape.moe is not None else None
+    return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, {"num_layers": shape.num_layers}, ep,
+                                    num_experts)
 
 
 class ShardedGPT:
-    """This rank's pipeline stage of ``GPT(shape)``, sharded over the tp ranks, ready to decode."""
+    """This rank's pipeline stage of ``GPT(shape)``, sharded over the tp ranks (its experts over the ep ranks),
+    ready to decode."""
 
     def __init__(self, shape: GPTShape, vocab_size: int, layout: GenerationLayout, mesh: DeviceMesh | None,
                  device: torch.device) -> None:
+        """Build the stage on the meta device, split and shard it there, then allocate this rank's share on
+        ``device`` (uninitialised: load the weights next)."""
         self.vocab_size = vocab_size
         self.device = device
         self.tp = layout.tp
-        with torch.device(device):
+        with torch.device("meta"):
             model = GPT(shape)
         self.pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
         self.stage = split_stage(model, self.pp_rank, layout.pp) if layout.pp > 1 else model
         if layout.tp > 1:
             apply_tp(self.stage, mesh["tp"], sequence_parallel=False)
+        if layout.ep > 1:  # before allocating: each rank only ever holds its experts
+            apply_ep(self.stage, mesh["ep"])
+        self.stage.to_empty(device=device)
+        self.stage.tie_weights()  # to_empty gives a tied head a tensor of its own
         self.stage.eval()
         self.is_first, self.is_last = self.pp_rank == 0, self.pp_rank == layout.pp - 1
         self.pp_group = mesh.get_group("pp") if layout.pp > 1 else None
         self.dp_group = mesh.get_group("dp") if mesh is not None and layout.dp > 1 else None
         self.dp_rank = mesh.get_local_rank("dp") if mesh is not None else 0
+        self.ep_group = mesh.get_group("ep") if layout.ep > 1 else None
+        """The ranks this one's MoE layers exchange tokens with (None without expert parallelism)."""
         # The last stage's final norm and head, moved out of the stage by `finish_loading`.
         self.final_norm: nn.Module | None = None
         self.head: nn.Module | None = None

@@ -1,5 +1,6 @@
-"""Encoder-decoder generation with T5/mT5: `generate_t5`, what ``generate --load T5_DIR_OR_CHECKPOINT`` runs, in
-one process or split over tp x pp x dp processes, and `greedy_generate`/`sample_t5` for a `T5` in hand.
+"""Encoder-decoder generation with T5/mT5 (and Switch Transformers, its mixture of experts): `generate_t5`, what
+``generate --load T5_DIR_OR_CHECKPOINT`` runs, in one process or split over tp x pp x dp processes (experts
+sharded over ep of the dp replicas), and `greedy_generate`/`sample_t5` for a `T5` in hand.
 
     completions = generate_t5(GenerateConfig(load="t5-small/", prompt_ids=[[13, 8, 1]], max_new_tokens=20))
     ids = greedy_generate(model, encoder_input_ids, max_new_tokens=32, decoder_start_id=0, eos_id=1, pad_id=0)
@@ -11,7 +12,8 @@ EOS is continued with the pad id until every sequence is done or ``max_new_token
 Split over processes (under torchrun, ``generate --nproc-per-node N``, or a group the caller set up),
 the prompts are divided over the data-parallel replicas (`trainer.generation.replicas`), and each
 replica runs its batches through its ranks' `trainer.models.t5.sharded.ShardedT5` (pipeline stages of
-encoder and/or decoder blocks, tensor-parallel); every rank returns every prompt's completion.
+encoder and/or decoder blocks, tensor-parallel, experts sharded over the ep group); every rank returns every
+prompt's completion. The replicas of an ep group step together (`trainer.generation.layout`).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from trainer.checkpoint import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint,
 from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generate import Completion, GenerateConfig, prompt_tokenizer
-from trainer.generation.layout import GenerationLayout
+from trainer.generation.layout import GenerationLayout, finished_everywhere
 from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import next_tokens
 from trainer.hf_files import read_hf_config, tokenizer_config_for_directory
@@ -49,11 +51,13 @@ DEFAULT_PAD_ID = 0
 
 
 def decode_loop(step: Callable[[torch.Tensor], torch.Tensor], batch: int, max_new_tokens: int, decoder_start_id: int,
-                eos_id: int | None, pad_id: int, device: torch.device) -> torch.Tensor:
+                eos_id: int | None, pad_id: int, device: torch.device,
+                finished: Callable[[torch.Tensor], bool] = lambda done: bool(done.all())) -> torch.Tensor:
     """Decoder ids [batch, 1 + generated] from ``decoder_start_id``, each next column ``step(ids so far)``.
 
-    A row that produced ``eos_id`` gets ``pad_id`` afterwards; the loop stops once every row has
-    (never early when ``eos_id`` is None) or after ``max_new_tokens`` tokens.
+    A row that produced ``eos_id`` gets ``pad_id`` afterwards; the loop stops once ``finished(done)``
+    (bool [batch] rows done; default: every row has, never early when ``eos_id`` is None) or after
+    ``max_new_tokens`` tokens.
     """
     ids = torch.full((batch, 1), decoder_start_id, dtype=torch.int64, device=device)
     done = torch.zeros(batch, dtype=torch.bool, device=device)
@@ -62,7 +66,7 @@ def decode_loop(step: Callable[[torch.Tensor], torch.Tensor], batch: int, max_ne
         ids = torch.cat([ids, next_ids[:, None]], dim=1)
         if eos_id is not None:
             done |= next_ids == eos_id
-        if bool(done.all()):
+        if finished(done):
             break
     return ids
 
@@ -126,7 +130,8 @@ class SpecialIds:
 
 def generate_ids(model: ShardedT5, prompts: list[list[int]], max_new_tokens: int,
                  choose: Callable[[torch.Tensor], torch.Tensor], special: SpecialIds) -> list[list[int]]:
-    """Continue one batch of encoder prompts (collective over the model's tp/pp ranks).
+    """Continue one batch of encoder prompts (collective over the model's tp/pp ranks and its ep group: the
+    batch decodes until the group's every row is done).
 
     Args:
         model: this rank's part of the model.
@@ -141,7 +146,8 @@ def generate_ids(model: ShardedT5, prompts: list[list[int]], max_new_tokens: int
     encoder_ids, mask = right_pad(prompts, special.pad, model.device)
     state = model.encode(encoder_ids, mask, max_length=max_new_tokens)
     ids = decode_loop(lambda so_far: model.next_tokens(so_far[:, -1:], state, choose), len(prompts), max_new_tokens,
-                      special.decoder_start, special.eos, special.pad, model.device)
+                      special.decoder_start, special.eos, special.pad, model.device,
+                      lambda done: finished_everywhere(done, model.ep_group))
     out = []
     for row in ids[:, 1:].tolist():
         out.append(row[:row.index(special.eos) + 1] if special.eos in row else row)
@@ -224,7 +230,7 @@ def plan_t5_generation(config: GenerateConfig, world_size: int) -> T5GenerationP
     if any(not p or min(p) < 0 or max(p) >= source.vocab_size for p in prompt_ids):
         raise TrainConfigError(f"every prompt needs token ids in [0, {source.vocab_size}) (the model's vocabulary)")
     layout = sharded_t5_layout(source.shape, config.tensor_model_parallel_size, config.pipeline_model_parallel_size,
-                               world_size)
+                               world_size, config.expert_model_parallel_size)
     return T5GenerationPlan(source, tokenizer, [*config.prompts, *config.prompt_ids], prompt_ids, layout)
 
 
@@ -235,28 +241,32 @@ def check_t5_generation(config: GenerateConfig, world_size: int) -> None:
 
 def _generate_here(config: GenerateConfig, plan: T5GenerationPlan, device_type: str,
                    device: torch.device) -> list[list[int]]:
-    """This rank's share: its data-parallel replica's prompts, then every replica's results."""
+    """This rank's share: its data-parallel replica's prompts (and fillers, under expert parallelism), then
+    every replica's results."""
     layout, source = plan.layout, plan.source
     model = ShardedT5(source.shape, source.vocab_size, layout, layout.build_mesh(device_type), device)
     _load_weights(model, source, verify=not config.no_verify)
     model.finish_loading()
     generator = torch.Generator(device=device).manual_seed(config.seed)
     choose = lambda logits: next_tokens(logits, config.sampling, generator)  # noqa: E731
-    logger.info("generating for %d prompts (tp %d, pp %d, dp %d)", len(plan.prompt_ids), layout.tp, layout.pp,
-                layout.dp)
+    count = len(plan.prompt_ids)
+    logger.info("generating for %d prompts (tp %d, pp %d, dp %d, ep %d)", count, layout.tp, layout.pp, layout.dp,
+                layout.ep)
 
     def run_batch(indices: list[int]) -> list[list[int]]:
-        return generate_ids(model, [plan.prompt_ids[i] for i in indices], config.max_new_tokens, choose,
-                            source.special)
+        # A filler (an index past the prompts) repeats the first prompt; `items_to_run` says why.
+        return generate_ids(model, [plan.prompt_ids[i if i < count else 0] for i in indices], config.max_new_tokens,
+                            choose, source.special)
 
-    return map_over_replicas(len(plan.prompt_ids), config.batch_size, model.dp_rank, layout.dp, model.dp_group,
-                             run_batch)
+    results = map_over_replicas(layout.items_to_run(count), config.batch_size, model.dp_rank, layout.dp,
+                                model.dp_group, run_batch)
+    return results[:count]
 
 
 def generate_t5(config: GenerateConfig) -> list[Completion]:
     """Generate with a T5/mT5 (collective: every process of the group calls it): ``generate --load T5_DIR``
     (a local Hugging Face T5/mT5 directory) or ``generate --load CHECKPOINT`` (a ``train --model t5``
-    checkpoint), in one process or tp x pp x dp.
+    checkpoint), in one process or tp x pp x dp (experts sharded over ep of the dp replicas).
 
     A completion's ids are the generated decoder ids (after the start id), ending with EOS when it
     stopped there. The tokenizer comes from the options, else from the directory's files.

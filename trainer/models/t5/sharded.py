@@ -1,9 +1,10 @@
 """This rank's share of a T5/mT5 for generation: a pipeline stage, tensor-parallel, in eval mode.
 
 The T5 counterpart of `trainer.models.gpt.sharded.ShardedGPT`. It reuses the trainer's pieces
-(`split_t5_stage`, `apply_t5_tp`, the ``(pp, dp, tp)`` mesh): a stage holds encoder and/or decoder
-blocks (the encoder's then the decoder's layers, cut into equal ranges), and tensors move between
-stages with plain point-to-point sends in a fixed order, which gloo runs on CPU:
+(`split_t5_stage`, `apply_t5_tp`, `trainer.moe.parallel.apply_ep`, the trainer's mesh): a stage holds encoder
+and/or decoder blocks (the encoder's then the decoder's layers, cut into equal ranges), a MoE layer's experts
+are sharded over the ep ranks (Switch Transformers; `trainer.generation.layout` says how they step together),
+and tensors move between stages with plain point-to-point sends in a fixed order, which gloo runs on CPU:
 
 once per batch (`ShardedT5.encode`):
   - stage s -> s + 1, from stage 0 up to the first decoder stage (the one holding decoder layer 0,
@@ -38,15 +39,17 @@ from trainer.generation.layout import GenerationLayout
 from trainer.models.t5.model import T5, T5Shape, padding_bias
 from trainer.models.t5.parallelize import apply_t5_tp
 from trainer.models.t5.pipeline import split_t5_stage, t5_stage_layers
+from trainer.moe.parallel import apply_ep
 
 # The tied embedding, and the last pipeline stage's copy of it (a tied head without the embedding).
 TIED_WEIGHT_NAME = "shared.weight"
 TIED_COPY_NAME = "output.weight"
 
 
-def sharded_t5_layout(shape: T5Shape, tp: int, pp: int, world_size: int) -> GenerationLayout:
+def sharded_t5_layout(shape: T5Shape, tp: int, pp: int, world_size: int, ep: int = 1) -> GenerationLayout:
     """The layout of a T5 generation run, checked: heads (and their position-bias columns), d_ff and the
-    (padded) vocabulary split over tp; the encoder + decoder layers over pp; the world over tp x pp.
+    (padded) vocabulary split over tp; the encoder + decoder layers over pp; the experts over ep; the world
+    over tp x pp x ep.
 
     Raises:
         TrainConfigError: naming the size that does not divide.
@@ -55,7 +58,8 @@ def sharded_t5_layout(shape: T5Shape, tp: int, pp: int, world_size: int) -> Gene
                    "the checkpoint's padded vocabulary": shape.vocab_size}
     layers = shape.num_encoder_layers + shape.num_decoder_layers
     split_by_pp = {f"encoder + decoder layers {shape.num_encoder_layers} + {shape.num_decoder_layers}": layers}
-    return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, split_by_pp)
+    num_experts = shape.moe.num_experts if shape.moe is not None else None
+    return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, split_by_pp, ep, num_experts)
 
 
 @dataclass(slots=True)
@@ -78,7 +82,8 @@ class DecoderState:
 
 
 class ShardedT5:
-    """This rank's pipeline stage of ``T5(shape)``, sharded over the tp ranks, ready to decode."""
+    """This rank's pipeline stage of ``T5(shape)``, sharded over the tp ranks (its experts over the ep ranks),
+    ready to decode."""
 
     def __init__(self, shape: T5Shape, vocab_size: int, layout: GenerationLayout, mesh: DeviceMesh | None,
                  device: torch.device) -> None:
@@ -97,6 +102,8 @@ class ShardedT5:
         self.stage = split_t5_stage(model, self.pp_rank, layout.pp) if layout.pp > 1 else model
         if layout.tp > 1:
             apply_t5_tp(self.stage, mesh["tp"])
+        if layout.ep > 1:  # before allocating: each rank only ever holds its experts
+            apply_ep(self.stage, mesh["ep"])
         self.stage.to_empty(device=device)
         self.stage.tie_weights()  # to_empty gives a tied head a tensor of its own
         self.stage.eval()
@@ -109,6 +116,8 @@ class ShardedT5:
         self.pp_group = mesh.get_group("pp") if layout.pp > 1 else None
         self.dp_group = mesh.get_group("dp") if mesh is not None and layout.dp > 1 else None
         self.dp_rank = mesh.get_local_rank("dp") if mesh is not None else 0
+        self.ep_group = mesh.get_group("ep") if layout.ep > 1 else None
+        """The ranks this one's MoE layers exchange tokens with (None without expert parallelism)."""
 
     def named_parameters(self) -> list[tuple[str, nn.Parameter]]:
         """Parameters under full-model names (a last stage's tied head copy is ``shared.weight``, as in
