@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 
@@ -55,35 +55,36 @@ def _compile_static_parts(module: nn.Module) -> None:
         _compile_static_parts(child)
 
 
-def apply_fsdp(part: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, reshard_after_forward: bool,
-               offload_policy: OffloadPolicy | None = None, mp_policy: MixedPrecisionPolicy | None = None) -> None:
-    """FSDP2 over ``dp_mesh``: one parameter group per transformer block (the family's
-    `ParallelPlan.blocks`), everything else (embeddings, norms, heads) in the part's root group.
+def fsdp_options(reshard_after_forward: bool, cpu_offload: bool, compute_dtype: torch.dtype | None,
+                 device_type: str) -> dict[str, object]:
+    """``fully_shard``'s keyword arguments for a ZeRO stage (`trainer.zero`), the same for every unit of a run.
 
-    ``reshard_after_forward``: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP; `trainer.zero`);
-    ``offload_policy``: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU;
-    ``mp_policy``: `fsdp_mixed_precision`'s policy under bf16/fp16 (None: gather the weights as they are).
+    Args:
+        reshard_after_forward: ZeRO-3 (True) or ZeRO-2 (False, FSDP2's SHARD_GRAD_OP).
+        cpu_offload: FSDP2's `CPUOffloadPolicy` keeps the shards and the optimiser step on the CPU (its pinned
+            host memory needs an accelerator: ``device_type`` "cuda").
+        compute_dtype: autocast's dtype (None: fp32). The weights are then all-gathered already cast to it, so
+            a rank holds half-precision copies of the gathered weights only (half the all-gather traffic too),
+            and autocast, finding them in its dtype, caches no second copy; the sharded weights, their
+            gradients after the reduce-scatter (run in float32) and the optimiser stay float32. The blocks'
+            inputs are not cast: the residual stream stays float32, as under autocast alone.
     """
-    options = dict(reshard_after_forward=reshard_after_forward,
-                   offload_policy=offload_policy or OffloadPolicy(),  # fully_shard's defaults: no offload,
-                   mp_policy=mp_policy or MixedPrecisionPolicy())     # no casts
+    offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if cpu_offload else OffloadPolicy()
+    mixed_precision = MixedPrecisionPolicy()  # fully_shard's default: no casts
+    if compute_dtype is not None:
+        mixed_precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32,
+                                               cast_forward_inputs=False)
+    return dict(reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mixed_precision)
+
+
+def apply_fsdp(part: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, options: dict[str, object]) -> None:
+    """FSDP2 over ``dp_mesh``: one parameter group per transformer block (the family's
+    `ParallelPlan.blocks`), everything else (embeddings, norms, heads) in the part's root group;
+    ``options``: `fsdp_options`.
+    """
     for block in blocks:
         fully_shard(block, mesh=dp_mesh, **options)
     fully_shard(part, mesh=dp_mesh, **options)
-
-
-def fsdp_mixed_precision(compute_dtype: torch.dtype | None) -> MixedPrecisionPolicy | None:
-    """FSDP2's policy for a run computing in ``compute_dtype`` under autocast (None: fp32, no policy).
-
-    The weights are all-gathered already cast to the compute dtype, so a rank holds half-precision copies of
-    the gathered weights only (half the all-gather traffic too), and autocast, finding them in its dtype,
-    caches no second copy; the sharded weights, their gradients after the reduce-scatter (run in float32)
-    and the optimiser stay float32. The blocks' inputs are not cast: the residual stream stays float32, as
-    under autocast alone.
-    """
-    if compute_dtype is None:
-        return None
-    return MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32, cast_forward_inputs=False)
 
 
 def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:

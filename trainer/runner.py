@@ -18,7 +18,6 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import CPUOffloadPolicy
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -30,7 +29,7 @@ from trainer.grads import sync_tied_embedding_grad
 from trainer.keyed_dropout import sample_keys, set_tensor_parallel
 from trainer.models.spec import ParallelPlan, Shape
 from trainer.parallel_dims import ParallelDims
-from trainer.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, fsdp_mixed_precision
+from trainer.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, fsdp_options
 from trainer.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
 from trainer.auxiliary import (
     auxiliary_modules,
@@ -103,11 +102,11 @@ class ParallelModel:
             if compile_blocks:
                 apply_compile(plan.blocks(part))
             if self.uses_fsdp:
-                reshard_after_forward = self.zero_stage == FULL_SHARD_STAGE
-                policies = dict(offload_policy=self._offload_policy(), mp_policy=fsdp_mixed_precision(autocast_dtype))
+                options = fsdp_options(self.zero_stage == FULL_SHARD_STAGE, self.cpu_offload, autocast_dtype,
+                                       device.type)
                 if dims.ep > 1:  # the experts' own units first, over expert_dp: the blocks' then skip them
-                    apply_expert_fsdp(part, mesh["expert_dp"], dims.dp, reshard_after_forward, **policies)
-                apply_fsdp(part, plan.blocks(part), mesh["dp"], reshard_after_forward, **policies)
+                    apply_expert_fsdp(part, mesh["expert_dp"], dims.dp, options)
+                apply_fsdp(part, plan.blocks(part), mesh["dp"], options)
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
         replicated = dims.dp > 1 and not self.uses_fsdp
@@ -175,10 +174,6 @@ class ParallelModel:
             full_model.init_parameter(name, full)
             for param in local.get(name, ()):
                 copy_into_parameter(param, full)
-
-    def _offload_policy(self) -> CPUOffloadPolicy | None:
-        """FSDP2's CPU offload under ``cpu_offload`` (pinned host memory needs an accelerator)."""
-        return CPUOffloadPolicy(pin_memory=self.device.type == "cuda") if self.cpu_offload else None
 
     # -- checkpoints --------------------------------------------------------------------------------------
 

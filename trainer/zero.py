@@ -3,7 +3,7 @@
 What each stage keeps on a rank (N data-parallel ranks, Ψ parameters, fp32 weights and gradients, AdamW's
 two fp32 moments; between steps the same under ``--bf16``, where autocast computes from the fp32 weights and
 caches their casts from forward to the end of backward, and stages 2-3 gather the weights already cast,
-`trainer.parallelize.fsdp_mixed_precision`: 2Ψ, not 4Ψ, during forward/backward at stage 2):
+`trainer.parallelize.fsdp_options`: 2Ψ, not 4Ψ, during forward/backward at stage 2):
 
     stage 0  replicated: DDP (or `average_gradients` under TP/PP)  4Ψ params + 4Ψ grads + 8Ψ states
     stage 1  gradients averaged as stage 0, `ShardedAdamW`        4Ψ params + 4Ψ grads + 8Ψ/N states

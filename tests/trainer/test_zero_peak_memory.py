@@ -85,7 +85,7 @@ def expected_samples(stage: int, bf16: bool, sizes: dict[str, int]) -> dict[str,
     psi = sum(sizes.values())
     shards = FP32_BYTES * psi // DP
     moments = MOMENTS * FP32_BYTES * psi // DP + STEP_BYTES * len(sizes)
-    # Under bf16 FSDP2 gathers the weights cast to bf16 (`fsdp_mixed_precision`), so autocast, finding them
+    # Under bf16 FSDP2 gathers the weights cast to bf16 (`fsdp_options`), so autocast, finding them
     # in its dtype, caches no copies. Stage 2 keeps every gathered weight from forward to its backward; stage 3
     # reshards each unit (the root too) as soon as its forward ends.
     gathered = (BF16_BYTES if bf16 else FP32_BYTES) * psi if stage == 2 else 0

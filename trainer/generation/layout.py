@@ -7,9 +7,9 @@ Expert parallelism, as in training (Megatron's layout): the ``ep`` ranks of a gr
 replicas, each with its own prompts, and each MoE layer's experts are sharded over them
 (`trainer.moe.parallel.apply_ep`): a MoE layer sends every rank's tokens to the ranks holding their experts
 with an ``all_to_all`` over the group. That exchange is collective, so the ranks of a group must run the same
-forward passes: each replica runs the same number of batches (`GenerationLayout.items_to_run` adds filler
-prompts, whose results are dropped) and a batch decodes until its rows are done on every rank of the group
-(`finished_everywhere`).
+forward passes: each replica runs the same number of batches (`trainer.generation.replicas.map_over_replicas`
+with ``lockstep`` adds filler prompts, whose results are dropped) and a batch decodes until its rows are done
+on every rank of the group (`finished_everywhere`).
 """
 
 from __future__ import annotations
@@ -76,14 +76,6 @@ class GenerationLayout:
         # Generation has no micro-batches: one per replica.
         dims = ParallelDims(pp=self.pp, dp=self.dp, tp=self.tp, micro_batch_size=1, num_microbatches=1, ep=self.ep)
         return dims.build_mesh(device_type)
-
-    def items_to_run(self, count: int) -> int:
-        """Items (prompts) to spread over the replicas for ``count`` real ones: under expert parallelism
-        rounded up to a multiple of dp, so that every replica runs the same number of batches (the ranks of an
-        ep group step together); the items past ``count`` are fillers whose results are dropped."""
-        if self.ep == 1:
-            return count
-        return -(-count // self.dp) * self.dp
 
 
 def finished_everywhere(done: torch.Tensor, ep_group: ProcessGroup | None) -> bool:

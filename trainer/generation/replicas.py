@@ -18,7 +18,8 @@ T = TypeVar("T")
 
 
 def map_over_replicas(count: int, batch_size: int, dp_rank: int, dp: int, dp_group: ProcessGroup | None,
-                      run_batch: Callable[[list[int]], list[T]], progress: str | None = None) -> list[T]:
+                      run_batch: Callable[[list[int]], list[T]], progress: str | None = None,
+                      lockstep: bool = False) -> list[T]:
     """Run this replica's share of items ``0..count-1`` and return every item's result (collective over
     every process of the run).
 
@@ -29,16 +30,22 @@ def map_over_replicas(count: int, batch_size: int, dp_rank: int, dp: int, dp_gro
         dp_group: the data-parallel group (None with one replica).
         run_batch: item indices -> one result each, in order (collective over the replica's ranks).
         progress: the label of a progress bar over this replica's batches (stderr); None: no bar.
+        lockstep: every replica runs the same number of batches of the same sizes (replicas whose forward
+            passes are collective with one another: experts sharded over them, `trainer.generation.layout`):
+            the items are rounded up to a multiple of dp with fillers, which run item 0 again and whose
+            results are dropped.
 
     Returns:
         Every item's result, in item order, on every rank.
     """
-    mine = list(range(dp_rank, count, dp))
+    padded = -(-count // dp) * dp if lockstep else count
+    mine = list(range(dp_rank, padded, dp))
     results: dict[int, T] = {}
     starts = range(0, len(mine), batch_size)
     for start in tqdm(starts, desc=progress, unit="batch", disable=progress is None, dynamic_ncols=True):
         batch = mine[start:start + batch_size]
-        results |= dict(zip(batch, run_batch(batch), strict=True))
+        ran = run_batch([index if index < count else 0 for index in batch])
+        results |= {index: result for index, result in zip(batch, ran, strict=True) if index < count}
     if dp_group is not None:
         gathered: list[dict[int, T]] = [{} for _ in range(dp)]
         dist.all_gather_object(gathered, results, group=dp_group)

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import PrepareModuleInputOutput
 from torch.nn.parallel import DistributedDataParallel
@@ -87,9 +87,7 @@ def expert_shard_placement(expert_dp: int) -> Callable[[nn.Parameter], Shard]:
     return placement
 
 
-def apply_expert_fsdp(model: nn.Module, expert_dp_mesh: DeviceMesh, dp: int, reshard_after_forward: bool,
-                      offload_policy: OffloadPolicy | None = None, mp_policy: MixedPrecisionPolicy | None = None
-                      ) -> None:
+def apply_expert_fsdp(model: nn.Module, expert_dp_mesh: DeviceMesh, dp: int, options: dict[str, object]) -> None:
     """ZeRO stages 2-3 for the experts sharded by `apply_ep`: one FSDP2 unit per MoE layer's experts over
     ``expert_dp_mesh``. Call it before `trainer.parallelize.apply_fsdp` shards the blocks over ``dp`` (FSDP2
     leaves parameters a child unit manages to that unit).
@@ -103,15 +101,12 @@ def apply_expert_fsdp(model: nn.Module, expert_dp_mesh: DeviceMesh, dp: int, res
         model: a model (or pipeline part) after `apply_ep`, on the meta device or allocated.
         expert_dp_mesh: the ``expert_dp`` dimension of the run's mesh.
         dp: the whole data-parallel size (expert_dp x ep).
-        reshard_after_forward: ZeRO-3 (True) or ZeRO-2 (False), as the rest of the model.
-        offload_policy: FSDP2's `CPUOffloadPolicy` under ``--cpu-offload``, as the rest of the model.
-        mp_policy: FSDP2's `MixedPrecisionPolicy` under bf16/fp16, as the rest of the model.
+        options: ``fully_shard``'s arguments for the run's stage, as the rest of the model
+            (`trainer.parallelize.fsdp_options`).
     """
     placement = expert_shard_placement(expert_dp_mesh.size())
     for experts in expert_units(model):
-        fully_shard(experts, mesh=expert_dp_mesh, reshard_after_forward=reshard_after_forward,
-                    offload_policy=offload_policy or OffloadPolicy(), mp_policy=mp_policy or MixedPrecisionPolicy(),
-                    shard_placement_fn=placement)
+        fully_shard(experts, mesh=expert_dp_mesh, shard_placement_fn=placement, **options)
         experts.set_gradient_divide_factor(float(dp))
         if expert_dp_mesh.size() > 1:
             # A divide factor other than the group's size makes a PREMUL_SUM reduce-scatter, which gloo lacks:

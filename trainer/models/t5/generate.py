@@ -254,13 +254,11 @@ def _generate_here(config: GenerateConfig, plan: T5GenerationPlan, device_type: 
                 layout.ep)
 
     def run_batch(indices: list[int]) -> list[list[int]]:
-        # A filler (an index past the prompts) repeats the first prompt; `items_to_run` says why.
-        return generate_ids(model, [plan.prompt_ids[i if i < count else 0] for i in indices], config.max_new_tokens,
+        return generate_ids(model, [plan.prompt_ids[i] for i in indices], config.max_new_tokens,
                             choose, source.special)
 
-    results = map_over_replicas(layout.items_to_run(count), config.batch_size, model.dp_rank, layout.dp,
-                                model.dp_group, run_batch)
-    return results[:count]
+    return map_over_replicas(count, config.batch_size, model.dp_rank, layout.dp, model.dp_group, run_batch,
+                             lockstep=layout.ep > 1)
 
 
 def generate_t5(config: GenerateConfig) -> list[Completion]:
