@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from indexed_dataset.cli_parser import finite_float
 from trainer.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
 from trainer.checkpoint_manifest import write_manifest
 
@@ -46,7 +47,7 @@ def timed(function) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--parameters", type=float, default=GPT2_SMALL_PARAMETERS, help="parameters of the model")
+    parser.add_argument("--parameters", type=finite_float, default=GPT2_SMALL_PARAMETERS, help="parameters of the model")
     parser.add_argument("--rounds", type=int, default=3, help="rounds (medians are reported)")
     args = parser.parse_args()
     state = make_state(args.parameters)

@@ -20,6 +20,8 @@ sides run one after the other, each freed before the next is built, so each peak
     python -m benchmarks.gpu_step                          # both models, eager, on the CUDA device
     python -m benchmarks.gpu_step --compile                # the same, torch.compile
     python -m benchmarks.gpu_step --model gpt --steps 20
+    python -m benchmarks.gpu_step --max-micro-batch 64 --json gpu_step.json   # also the largest micro-batch
+                                                                              # that fits; figures as JSON
     python -m benchmarks.gpu_step --tiny --device cpu --steps 2    # end-to-end check of the script on a CPU
 
 Without a CUDA device (and without ``--device cpu``) it prints one line and exits with status 2.
@@ -29,11 +31,15 @@ Target: ours/plain >= 0.95.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
+import json
+import os
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -63,6 +69,11 @@ OPTIMIZER = OptimizerConfig(lr=1e-4, weight_decay=0.01)
 GPT2_VOCAB = 50257
 VOCAB_DIVISIBLE_BY = 128
 MT5_VOCAB = 250112
+# `--max-micro-batch`: a micro-batch fits when our eager step, run this many times (the optimiser's state is
+# allocated by the first), peaks within this fraction of the device's memory: the plain and compiled runs at
+# the same size need some room of their own (the allocator's fragmentation, compiled graphs' workspaces).
+PROBE_STEPS = 2
+FIT_FRACTION = 0.85
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +176,9 @@ def _timed(device: torch.device, warmup: int, steps: int, step: Callable[[int], 
     return SideResult(seconds=seconds, last_loss=float(loss), peak_memory_bytes=peak)
 
 
-def run_ours(work: Workload, batches: list, device: torch.device, warmup: int, steps: int,
-             compile_blocks: bool) -> tuple[SideResult, dict[str, torch.Tensor]]:
-    """Our side; also returns its initial weights (on the CPU) for the plain side to start from."""
+def build_ours(work: Workload, batches: list, device: torch.device,
+               compile_blocks: bool) -> tuple[Callable[[int], torch.Tensor], dict[str, torch.Tensor]]:
+    """Our side's ``step(index) -> loss`` and its initial weights (on the CPU) for the plain side to start from."""
     dims = ParallelDims(pp=1, dp=1, tp=1, micro_batch_size=work.micro_batch_size, num_microbatches=1)
     model = ParallelModel(model_spec(work.family).parallel_plan, work.shape, dims, None, ParallelismConfig(), device,
                           SEED, False, torch.bfloat16, compile_blocks=compile_blocks)
@@ -186,6 +197,13 @@ def run_ours(work: Workload, batches: list, device: torch.device, warmup: int, s
         optimizer.step()
         return loss
 
+    return step, initial
+
+
+def run_ours(work: Workload, batches: list, device: torch.device, warmup: int, steps: int,
+             compile_blocks: bool) -> tuple[SideResult, dict[str, torch.Tensor]]:
+    """Our side; also returns its initial weights (on the CPU) for the plain side to start from."""
+    step, initial = build_ours(work, batches, device, compile_blocks)
     return _timed(device, warmup, steps, step), initial
 
 
@@ -226,37 +244,89 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def report(name: str, work: Workload, side: SideResult, steps: int, peak_flops: float | None) -> float:
-    """Print one side's line; returns its tokens/s."""
+def report(name: str, work: Workload, side: SideResult, steps: int, peak_flops: float | None) -> dict:
+    """Print one side's line; returns its figures (``mfu`` a fraction, None where the peak is unknown)."""
     samples_per_s = steps * work.micro_batch_size / side.seconds
     tokens_per_s = samples_per_s * work.tokens_per_sample
     tflops = tokens_per_s * work.flops_per_token / 1e12
-    mfu = f"{100 * tflops * 1e12 / peak_flops:5.1f}%" if peak_flops else "  n/a"
-    memory = f"{side.peak_memory_bytes / GIB:6.2f} GiB" if side.peak_memory_bytes is not None else "   n/a"
+    mfu = tflops * 1e12 / peak_flops if peak_flops else None
+    peak_gib = side.peak_memory_bytes / GIB if side.peak_memory_bytes is not None else None
+    mfu_text = f"{100 * mfu:5.1f}%" if mfu is not None else "  n/a"
+    memory_text = f"{peak_gib:6.2f} GiB" if peak_gib is not None else "   n/a"
     print(f"  {name:5s}: {tokens_per_s:12,.0f} tokens/s  {samples_per_s:9.2f} samples/s  {tflops:8.2f} TFLOP/s  "
-          f"MFU {mfu}  peak memory {memory}  last loss {side.last_loss:.4f}")
-    return tokens_per_s
+          f"MFU {mfu_text}  peak memory {memory_text}  last loss {side.last_loss:.4f}")
+    return {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s, "tflops": tflops, "mfu": mfu,
+            "peak_memory_gib": peak_gib, "last_loss": side.last_loss}
 
 
-def benchmark(family: str, args: argparse.Namespace, device: torch.device) -> float:
-    """Both sides of one model; prints their figures and returns ours/plain (tokens/s)."""
-    work = WORKLOADS[family](args.tiny)
-    generator = torch.Generator().manual_seed(SEED)
-    batches = [work.batch(generator, device) for _ in range(args.batches)]
+def fits(work: Workload, device: torch.device) -> bool:
+    """Whether our eager step runs `PROBE_STEPS` steps of ``work`` within `FIT_FRACTION` of the device's memory
+    (always on a CPU)."""
+    step = batches = None
+    try:
+        batches = [work.batch(torch.Generator().manual_seed(SEED), device)]
+        step, _ = build_ours(work, batches, device, compile_blocks=False)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        for index in range(PROBE_STEPS):
+            step(index)
+        _synchronize(device)
+        fitted = device.type != "cuda" or (torch.cuda.max_memory_allocated(device)
+                                           <= FIT_FRACTION * torch.cuda.get_device_properties(device).total_memory)
+    except torch.OutOfMemoryError:
+        fitted = False
+    del step, batches  # before emptying the cache: the step's closure holds the model and optimiser
+    _free(device)
+    return fitted
+
+
+def largest_micro_batch(work: Workload, device: torch.device, limit: int) -> int:
+    """Doubling from ``work``'s micro-batch up to ``limit``: the largest at which our eager step `fits`."""
+    best, candidate = work.micro_batch_size, 2 * work.micro_batch_size
+    while candidate <= limit and fits(dataclasses.replace(work, micro_batch_size=candidate), device):
+        best, candidate = candidate, 2 * candidate
+    return best
+
+
+def benchmark(family: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
+    """Both sides of one model at each micro-batch; prints their figures and returns one record per micro-batch
+    (``ratio``: ours/plain tokens/s)."""
+    seed_work = WORKLOADS[family](args.tiny)
+    sizes = args.micro_batch_size or [seed_work.micro_batch_size]
+    if args.max_micro_batch is not None:
+        largest = largest_micro_batch(seed_work, device, args.max_micro_batch)
+        print(f"{family}: the largest micro-batch that fits is {largest} (tried up to {args.max_micro_batch})")
+        sizes = sorted({*sizes, largest})
     mode = "compile" if args.compile else "eager"
-    print(f"{family} ({'tiny' if args.tiny else 'full'}): micro-batch {work.micro_batch_size} x "
-          f"{' + '.join(map(str, work.lengths))} positions, bf16 autocast, {mode}, {args.warmup} warm-up + "
-          f"{args.steps} timed steps")
-    ours, initial = run_ours(work, batches, device, args.warmup, args.steps, args.compile)
-    _free(device)
-    plain = run_plain(work, batches, device, args.warmup, args.steps, args.compile, initial)
-    _free(device)
     peak = device_peak_flops(device, low_precision=True)
-    ours_tps = report("ours", work, ours, args.steps, peak)
-    plain_tps = report("plain", work, plain, args.steps, peak)
-    ratio = ours_tps / plain_tps
-    print(f"  ratio ours/plain: {ratio:.3f} (target >= 0.95)")
-    return ratio
+    records = []
+    for micro_batch_size in sizes:
+        work = dataclasses.replace(seed_work, micro_batch_size=micro_batch_size)
+        generator = torch.Generator().manual_seed(SEED)
+        batches = [work.batch(generator, device) for _ in range(args.batches)]
+        print(f"{family} ({'tiny' if args.tiny else 'full'}): micro-batch {work.micro_batch_size} x "
+              f"{' + '.join(map(str, work.lengths))} positions, bf16 autocast, {mode}, {args.warmup} warm-up + "
+              f"{args.steps} timed steps")
+        ours, initial = run_ours(work, batches, device, args.warmup, args.steps, args.compile)
+        _free(device)
+        plain = run_plain(work, batches, device, args.warmup, args.steps, args.compile, initial)
+        del batches, initial
+        _free(device)
+        ours_figures = report("ours", work, ours, args.steps, peak)
+        plain_figures = report("plain", work, plain, args.steps, peak)
+        ratio = ours_figures["tokens_per_s"] / plain_figures["tokens_per_s"]
+        print(f"  ratio ours/plain: {ratio:.3f} (target >= 0.95)")
+        records.append({"model": family, "mode": mode, "micro_batch_size": micro_batch_size,
+                        "tokens_per_sample": work.tokens_per_sample, "ours": ours_figures, "plain": plain_figures,
+                        "ratio": ratio})
+    return records
+
+
+def write_json(path: Path, record: dict) -> None:
+    """``record`` as JSON at ``path``, written under a temporary name first."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record, indent=1) + "\n")
+    os.replace(partial, path)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -269,11 +339,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batches", type=int, default=4, help="distinct random micro-batches, used in turn")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes of both models (checks the script)")
+    parser.add_argument("--micro-batch-size", type=int, nargs="+", metavar="N",
+                        help="micro-batches to measure (default: the model's own, as in the module docstring)")
+    parser.add_argument("--max-micro-batch", type=int, metavar="LIMIT",
+                        help="also measure the largest micro-batch (the model's own doubled, up to LIMIT) at which "
+                             f"our eager step stays within {FIT_FRACTION:.0%} of the device's memory")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write every figure to this JSON file")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for flag, values in (("--micro-batch-size", args.micro_batch_size or []),
+                         ("--max-micro-batch", [args.max_micro_batch] if args.max_micro_batch is not None else [])):
+        if any(value < 1 for value in values):
+            parser.error(f"{flag} must be at least 1, got {min(values)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("gpu_step: no CUDA device is available (use --tiny --device cpu to check the script on a CPU)",
               file=sys.stderr)
@@ -281,8 +362,12 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     print(f"device: {name}; torch {torch.__version__}")
-    for family in WORKLOADS if args.model == "all" else (args.model,):
-        benchmark(family, args, device)
+    records = [record for family in (WORKLOADS if args.model == "all" else (args.model,))
+               for record in benchmark(family, args, device)]
+    if args.json is not None:
+        peak = device_peak_flops(device, low_precision=True)
+        write_json(args.json, {"device": name, "torch": torch.__version__,
+                               "peak_bf16_tflops": peak / 1e12 if peak else None, "runs": records})
     return 0
 
 

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter
+from indexed_dataset.cli_parser import finite_float
 from trainer.config import (
     DataConfig,
     LoggingConfig,
@@ -99,7 +100,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=128)
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--dropout", type=float, default=0.0, help="hidden and attention dropout of both sides")
+    parser.add_argument("--dropout", type=finite_float, default=0.0, help="hidden and attention dropout of both sides")
     parser.add_argument("--keyed-dropout", action="store_true",
                         help="train with --keyed-dropout (the plain loop keeps nn.Dropout)")
     parser.add_argument("--threads", type=int, default=1,

@@ -16,3 +16,14 @@ train --dataset "$out/sample_text_document" "${tokenizer[@]}" --split 90,5,5 --d
   --num-layers 2 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
   --micro-batch-size 4 --global-batch-size 4 --train-iters 10 --lr 1e-3 \
   --log-interval 5 --eval-interval 5 --eval-iters 1 --device cpu --save "$out/checkpoint"
+
+# What was made, and what to try next.
+cat <<SUMMARY
+
+Made: $out/sample_text_document.bin/.idx (the tokens) and $out/checkpoint (a tiny GPT after 10 steps, with
+its tokenizer and metrics.jsonl). Ten steps of a tiny model barely move the loss: this shows that every
+piece works, not a trained model. Next:
+  generate --load $out/checkpoint --prompt "Hello, my name is" --max-new-tokens 20
+  plot-metrics $out/checkpoint --out $out/metrics.png
+  README.md, then docs/training.md and docs/huggingface-and-generation.md
+SUMMARY

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from .errors import ShardFormatError, TokenmillError
 from .names import ARROW_STATE_FILE
+from .path_rules import file_inside
 from .protocol import DocumentBatch, TokenWriter
 from .rows import (
     FIELD_TYPES,
@@ -349,12 +350,16 @@ def _open_table(path: str) -> pa.Table:
     return table
 
 
-def _data_file_names(state_path: str) -> list[str]:
-    """The shard file names listed in a `save_to_disk` folder's `state.json`.
+def saved_dataset_files(folder: str) -> list[str]:
+    """The data files of a `save_to_disk` folder, as its `state.json` lists them (in order), never by
+    the names in the folder: a stale extra `data-*.arrow` is not part of the dataset.
 
     Raises:
-        ShardFormatError: the file is unreadable, or the list is missing, empty or not made of names.
+        ShardFormatError: the state file is unreadable; its list is missing, empty or not made of
+            names; an entry is not a file inside the folder (`..`, an absolute path, a link leading
+            out) or is missing. The message names `state.json` and the entry.
     """
+    state_path = os.path.join(folder, ARROW_STATE_FILE)
     try:
         with open(state_path, encoding="utf-8") as f:
             entries = json.load(f)["_data_files"]
@@ -363,10 +368,14 @@ def _data_file_names(state_path: str) -> list[str]:
         raise ShardFormatError(f"{state_path}: cannot read the data file list ({error})") from None
     if not names:
         raise ShardFormatError(f"{state_path}: _data_files lists no data file")
-    bad = [name for name in names if not isinstance(name, str) or not name or os.path.basename(name) != name]
-    if bad:
-        raise ShardFormatError(f"{state_path}: _data_files holds {bad[0]!r}, not a file name in the folder")
-    return names
+    paths = []
+    for number, name in enumerate(names):
+        entry = f"_data_files[{number}]"
+        path = file_inside(folder, name, state_path, entry=entry)
+        if not os.path.isfile(path):
+            raise ShardFormatError(f"{state_path}: {entry} names {name!r}, which is missing from {folder}")
+        paths.append(path)
+    return paths
 
 
 class ArrowReader(RowDocumentsReader):
@@ -383,8 +392,7 @@ class ArrowReader(RowDocumentsReader):
     def __init__(self, path: str) -> None:
         self.path = str(path)
         if os.path.isdir(self.path):
-            names = _data_file_names(os.path.join(self.path, ARROW_STATE_FILE))
-            files = [os.path.join(self.path, name) for name in names]
+            files = saved_dataset_files(self.path)
         else:
             files = [self.path]
         self.paths = files

@@ -12,6 +12,9 @@ It differs from `argparse.ArgumentParser` in three ways:
 - **Defaults in the help** of every option that has one, except switches (their default is "off") and
   options whose text already states its default.
 
+It also holds the value types every command's numeric flags use: `finite_float` (``inf`` and ``nan`` are
+never a flag's number), `int_at_least` and `seed_value`.
+
 It lives in the lowest room because every room's commands use it.
 """
 
@@ -19,9 +22,10 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import math
 import re
 import sys
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NoReturn
 
 EXIT_USAGE = 2
@@ -31,6 +35,47 @@ SUGGESTION_CUTOFF = 0.6
 # A help text that states its default itself ("default 4 x hidden_size", "(default: $RANK, else 0)");
 # "Megatron's default)" names no value, so the value is still appended.
 STATES_DEFAULT = re.compile(r"\bdefault\b[ :]", re.IGNORECASE)
+# numpy's and torch's seeds are unsigned 32-bit (np.random.seed refuses 2**32 and negatives).
+SEED_MAX = 2**32 - 1
+
+
+def finite_float(text: str) -> float:
+    """argparse type of every float flag: a finite number (Python's float() also reads "inf" and "nan",
+    which no learning rate, dropout or temperature can be)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum`` (a count that a smaller value would silently empty)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    parse.__name__ = f"int_at_least_{minimum}"
+    return parse
+
+
+def seed_value(text: str) -> int:
+    """argparse type of every ``--seed``: an integer in [0, `SEED_MAX`]."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if not 0 <= value <= SEED_MAX:
+        raise argparse.ArgumentTypeError(f"must be in [0, {SEED_MAX}], got {value}")
+    return value
 
 
 def nearest_option(word: str, options: Iterable[str]) -> str | None:

@@ -28,12 +28,15 @@ from typing import Any
 
 import numpy as np
 
+from .checksums import remove_dataset_checksums, verify_dataset_checksums, write_dataset_checksums
 from .cli_support import signals_deferred
 from .errors import TokenmillError
 from .format import optimal_dtype
-from .formats import FORMATS, open_reader, open_writer
+from .formats import FORMATS, check_replaceable, dataset_files, files_read, format_of, open_reader, open_writer
 from .names import mindrecord_files_name
+from .path_rules import refuse_output_over_inputs
 from .protocol import has_one_sequence_per_document
+from .vocabulary import check_vocabulary
 
 logger = logging.getLogger(__name__)
 
@@ -48,9 +51,12 @@ def convert(
     source_format: str | None = None,
     dtype: np.dtype | type | str | None = None,
     batch_documents: int = DEFAULT_BATCH_DOCUMENTS,
+    vocab_size: int | None = None,
+    verify: bool = True,
     **writer_options: Any,
 ) -> None:
-    """Copy every document of `input_path` (or of several datasets, in order) into a new dataset.
+    """Copy every document of `input_path` (or of several datasets, in order) into a new dataset, and write
+    the new dataset's checksum manifest beside it (`checksums`).
 
     Args:
         input_path: the source dataset (a mmap prefix, an Arrow directory or `.arrow` file, a
@@ -62,12 +68,17 @@ def convert(
             is mmap (see the module docstring), else keeps the sources' (which must then agree;
             MindRecord stores int32 or int64).
         batch_documents: documents per read/write batch.
+        vocab_size: every id must lie in [0, vocab_size) (the tokenizer's vocabulary); None: not checked.
+        verify: check each source against its checksum manifest, when it has one, before reading it.
         writer_options: passed to the target writer (see `formats.open_writer`); for Arrow and
             MindRecord `store_sequence_lengths` defaults to whether a source needs it.
 
     Raises:
         TokenmillError: no, unreadable or damaged sources, sources of different dtypes (all checked
-            before writing), an existing target, or ids that do not fit `dtype`; nothing is left behind.
+            before writing), an existing target, a target that would overwrite a source (however
+            spelled) or that is not a file or folder of ours (a directory, link or FIFO at its name),
+            or ids that do not fit `dtype`, or lie outside the vocabulary, or a source that differs from
+            its checksum manifest; nothing is left behind.
     """
     if target_format not in FORMATS:
         raise ValueError(f"unknown target format {target_format!r}; expected one of {', '.join(FORMATS)}")
@@ -76,10 +87,23 @@ def convert(
     paths = [input_path] if isinstance(input_path, str) else list(input_path)
     if not paths:
         raise TokenmillError("nothing to convert: no input dataset")
+    if not output_path:
+        raise ValueError("the output path is empty")
     started = time.perf_counter()
     readers = [open_reader(path, source_format) for path in paths]
+    num_shards = writer_options.get("num_shards", 1)
+    inputs = [file for path, reader in zip(paths, readers)
+              for file in files_read(source_format or format_of(path), reader)]
+    refuse_output_over_inputs(dataset_files(target_format, output_path, num_shards), inputs)
+    check_replaceable(target_format, output_path, num_shards)
     # Every source is checked whole before the first byte is written: a damaged input must stop the
-    # run, never be passed on (mmap: every array and the file sizes; rows: every row decoded once).
+    # run, never be passed on (its checksums when it has a manifest: a flipped bit in an Arrow buffer or a
+    # MindRecord blob is otherwise a valid, different id; mmap: every array and the file sizes; rows:
+    # every row decoded once).
+    if verify:
+        for path, reader in zip(paths, readers):
+            fmt = source_format or format_of(path)
+            verify_dataset_checksums(fmt, path, files_read(fmt, reader))
     for reader in readers:
         reader.validate()
     if dtype is None:
@@ -99,23 +123,27 @@ def convert(
         writer_options.setdefault("store_sequence_lengths", needs_lengths)
     fields = _passed_fields(paths, readers, target_format)
     num_documents = num_tokens = 0
+    remove_dataset_checksums(output_path)
     with contextlib.ExitStack() as stack:
         # Ctrl-C / SIGTERM must not fall between the writer creating its temporaries and the `with`
         # that aborts it (they would stay behind): held until the writer is registered.
         with signals_deferred():
             writer = stack.enter_context(open_writer(target_format, output_path, target_dtype, **writer_options))
-        for reader in readers:
+        for path, reader in zip(paths, readers):
             count = reader.num_documents
             for first in range(0, count, batch_documents):
                 last = min(first + batch_documents, count)
                 batch = reader.read_documents(first, last)
+                if vocab_size is not None:
+                    check_vocabulary(batch, vocab_size, path, first)
                 extra = {"fields": {name: reader.field_values(name, first, last) for name in fields}} if fields else {}
                 writer.add_documents(batch.tokens, batch.sequence_lengths, batch.document_sequence_counts, **extra)
             num_documents += count
             num_tokens += reader.num_tokens
+    write_dataset_checksums(output_path, dataset_files(target_format, output_path, num_shards))
     written = output_path
     if target_format == "mindrecord":
-        written = mindrecord_files_name(output_path, writer_options.get("num_shards", 1))
+        written = mindrecord_files_name(output_path, num_shards)
     logger.info("converted %d documents (%d tokens) from %s to %s %s (%s) in %.1f s", num_documents, num_tokens,
                 paths[0] if len(paths) == 1 else f"{len(paths)} datasets", target_format, written,
                 target_dtype.name, time.perf_counter() - started)

@@ -21,8 +21,19 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ShardFormatError
-from .names import ARROW_FOLDER_SUFFIX, ARROW_STATE_FILE, MINDRECORD_SUFFIX, is_mindrecord_name
+from .errors import ShardFormatError, TokenmillError
+from .format import data_file_path, index_file_path
+from .names import (
+    ARROW_FOLDER_SUFFIX,
+    ARROW_METADATA_FILES,
+    ARROW_OWN_FILE_NAMES,
+    ARROW_STATE_FILE,
+    MINDRECORD_INDEX_SUFFIX,
+    MINDRECORD_SUFFIX,
+    is_mindrecord_name,
+    shard_paths,
+)
+from .path_rules import refuse_unreplaceable
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
@@ -36,6 +47,47 @@ def dataset_path(fmt: str, stem: str) -> str:
     if fmt not in suffixes:
         raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
     return stem + suffixes[fmt]
+
+
+def dataset_files(fmt: str, path: str, num_shards: int = 1) -> list[str]:
+    """The files (for Arrow, the folder) a dataset of format `fmt` at `path` consists of, in the order
+    a writer publishes them (the one that makes a reader take the dataset as complete comes last):
+    `.bin` then `.idx`; the Arrow folder; each MindRecord `.db` then its data file (`num_shards` of them)."""
+    if fmt == "mmap":
+        return [data_file_path(path), index_file_path(path)]
+    if fmt == "arrow":
+        return [path]
+    if fmt == "mindrecord":
+        return [p + suffix for p in shard_paths(path, num_shards) for suffix in (MINDRECORD_INDEX_SUFFIX, "")]
+    raise ValueError(f"unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+
+
+def files_read(fmt: str, reader: Any) -> list[str]:
+    """The files an open dataset of format `fmt` is made of (what inspect-index reports, and what no
+    output of the same command may overwrite: `path_rules.refuse_output_over_inputs`)."""
+    if fmt == "mmap":
+        return [reader.bin_path, reader.idx_path]
+    if fmt == "mindrecord":
+        return [file for path in reader.paths for file in (path, path + MINDRECORD_INDEX_SUFFIX)]
+    folder = os.path.isdir(reader.path)
+    return list(reader.paths) + ([os.path.join(reader.path, name) for name in ARROW_METADATA_FILES] if folder else [])
+
+
+def check_replaceable(fmt: str, path: str, num_shards: int = 1) -> None:
+    """Refuse to write a dataset over what an earlier run of ours did not leave: a directory, link, FIFO
+    or device at a file's name, anything but a folder at the Arrow name, or an Arrow folder holding
+    files our writer does not make. (Regular files, and Arrow folders of ours, are replaced: the rerun.)
+
+    Raises:
+        TokenmillError: naming the path.
+    """
+    for file_path in dataset_files(fmt, path, num_shards):
+        refuse_unreplaceable(file_path, folder=fmt == "arrow")
+    if fmt == "arrow" and os.path.isdir(path):
+        foreign = sorted(name for name in os.listdir(path) if not ARROW_OWN_FILE_NAMES.fullmatch(name))
+        if foreign:
+            raise TokenmillError(f"{path}: output directory is not empty (it holds {foreign[0]!r}, which "
+                                 "tokenmill did not write); remove it or choose another output name")
 
 
 def format_of(path: str) -> str:

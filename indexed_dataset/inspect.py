@@ -19,15 +19,13 @@ import numpy as np
 
 from .errors import TokenmillError
 from .format import INDEX_VERSION
-from .formats import format_of, open_reader
+from .formats import files_read, format_of, open_reader
 from .mindrecord_reader import read_header
-from .names import MINDRECORD_INDEX_SUFFIX
 from .protocol import DocumentBatch
 
 P99 = 99
 # Row formats are scanned for their max id and validated in blocks of this many documents (bounded memory).
 SCAN_DOCUMENTS = 65536
-ARROW_METADATA_FILES = ("state.json", "dataset_info.json")
 
 
 class TokenDecoder(Protocol):
@@ -76,16 +74,6 @@ class DatasetReport:
 
     def as_dict(self) -> dict:
         return asdict(self)
-
-
-def dataset_files(fmt: str, dataset) -> list[str]:
-    """The files a dataset of format `fmt` is made of."""
-    if fmt == "mmap":
-        return [dataset.bin_path, dataset.idx_path]
-    if fmt == "mindrecord":
-        return [file for path in dataset.paths for file in (path, path + MINDRECORD_INDEX_SUFFIX)]
-    metadata = [os.path.join(dataset.path, name) for name in ARROW_METADATA_FILES] if os.path.isdir(dataset.path) else []
-    return list(dataset.paths) + metadata
 
 
 def format_version(fmt: str, dataset) -> str:
@@ -141,7 +129,7 @@ def inspect_dataset(path: str) -> DatasetReport:
         sequence_lengths=LengthStats.of(dataset.sequence_lengths),
         document_lengths=LengthStats.of(documents),
         max_token_id=scan_tokens(dataset),
-        files={file: os.path.getsize(file) for file in dataset_files(fmt, dataset)},
+        files={file: os.path.getsize(file) for file in files_read(fmt, dataset)},
     )
 
 

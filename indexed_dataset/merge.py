@@ -11,9 +11,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
+from .checksums import CHECKSUM_SUFFIX
 from .errors import TokenmillError
-from .format import DATA_SUFFIX, INDEX_SUFFIX
+from .format import DATA_SUFFIX, INDEX_SUFFIX, data_file_path, index_file_path
 from .names import ARROW_STATE_FILE, MINDRECORD_INDEX_SUFFIX, MINDRECORD_SUFFIX, is_mindrecord_name
+from .path_rules import refuse_output_over_inputs, refuse_unreplaceable
 from .reader import IndexedDataset
 from .writer import IndexedDatasetWriter
 
@@ -24,7 +26,7 @@ def datasets_in_directory(directory: str) -> dict[str, list[str]]:
 
     mmap: a `.bin/.idx` pair (its prefix); arrow: a `save_to_disk` folder; mindrecord: a MindRecord
     by its name, `name.mindrecord` (one file, or the shards `name.mindrecord0..N-1`, each beside its
-    `.db`; they read back in document order). Hidden entries and other folders (a fanned-out run's
+    `.db`; they read back in document order). Checksum manifests (`checksums`), hidden entries and other folders (a fanned-out run's
     `_done` markers) are skipped; only formats present are keys.
 
     Raises:
@@ -46,6 +48,8 @@ def datasets_in_directory(directory: str) -> dict[str, list[str]]:
         stem, ext = os.path.splitext(name)
         if ext == MINDRECORD_INDEX_SUFFIX and is_mindrecord_name(stem):
             continue  # a MindRecord's index, read through its data file
+        if ext == CHECKSUM_SUFFIX:
+            continue  # a dataset's checksum manifest, read with the dataset
         if is_mindrecord_name(name):
             dataset = os.path.join(directory, name[: name.rindex(MINDRECORD_SUFFIX) + len(MINDRECORD_SUFFIX)])
             found.setdefault("mindrecord", []).append(dataset)
@@ -70,12 +74,17 @@ def merge_datasets(prefixes: Sequence[str], output_prefix: str) -> None:
     """Concatenate datasets, in the given order, into `output_prefix.bin/.idx`.
 
     Raises:
-        TokenmillError: no inputs, an unreadable or damaged input, or inputs of different dtypes (every
-            input is opened, which checks its header, arrays and file sizes, before any byte is written).
+        TokenmillError: no inputs, an unreadable or damaged input, inputs of different dtypes (every
+            input is opened, which checks its header, arrays and file sizes, before any byte is written),
+            or an output file that would overwrite an input or is not a regular file.
     """
     if not prefixes:
         raise TokenmillError("nothing to merge: no input prefixes")
     datasets = [IndexedDataset(prefix) for prefix in prefixes]
+    outputs = [data_file_path(output_prefix), index_file_path(output_prefix)]
+    refuse_output_over_inputs(outputs, [path for dataset in datasets for path in (dataset.bin_path, dataset.idx_path)])
+    for output in outputs:
+        refuse_unreplaceable(output)
     dtype = datasets[0].dtype
     for dataset in datasets[1:]:
         if dataset.dtype != dtype:

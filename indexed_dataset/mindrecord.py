@@ -48,7 +48,7 @@ import numpy as np
 
 from .compress_int import compress_int_into, compress_int_sizes
 from .errors import TokenmillError
-from .names import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name
+from .names import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name, shard_paths
 from .protocol import DocumentBatch, TokenWriter
 from .rows import check_document_batch, check_row_layout
 
@@ -93,11 +93,6 @@ def _exclusive_cumsum(values: np.ndarray) -> np.ndarray:
 def _put_u64(out: np.ndarray, starts: np.ndarray, values: np.ndarray, byte_order: str) -> None:
     """Write `values[r]` as a u64 (`byte_order` "<" or ">") at `out[starts[r]:starts[r] + 8]`."""
     out[starts[:, None] + np.arange(LENGTH_PREFIX_BYTES)] = values.astype(f"{byte_order}u8").view(np.uint8).reshape(-1, LENGTH_PREFIX_BYTES)
-
-
-def shard_paths(path: str, num_shards: int) -> list[str]:
-    """Data file names: `path` itself for one shard, else `path0` .. `path{N-1}`."""
-    return [str(path)] if num_shards == 1 else [f"{path}{i}" for i in range(num_shards)]
 
 
 def _check_size(name: str, value: int, bounds: tuple[int, int]) -> None:
@@ -316,6 +311,8 @@ class MindRecordWriter(TokenWriter):
         header_size, page_size: bytes (MindSpore's defaults 16 MiB and 32 MiB).
         empty_documents: "write" (a row with an empty array) or "reject" (raise, with the count).
         store_sequence_lengths: add a `sequence_lengths` array field (several sequences per document).
+        published_path: the name the files take once a caller that writes them in a staging folder moves
+            them into place, for the log line (default `path`).
 
     Raises:
         TokenmillError: an output file already exists.
@@ -331,8 +328,10 @@ class MindRecordWriter(TokenWriter):
         page_size: int = DEFAULT_PAGE_SIZE,
         empty_documents: str = "write",
         store_sequence_lengths: bool = False,
+        published_path: str | None = None,
     ) -> None:
         self.path = str(path)
+        self.published_path = str(published_path or path)
         self.dtype = np.dtype(dtype)
         if self.dtype.kind not in "iu" or self.dtype == np.uint64:
             raise ValueError(f"{self.path}: token dtype must be an integer type of at most 63 bits, got {self.dtype}")
@@ -462,7 +461,7 @@ class MindRecordWriter(TokenWriter):
             self._spool.discard()
         logger.info(
             "%s: %d documents in %d MindRecord shard(s), compression saved %d bytes",
-            mindrecord_files_name(self.path, len(self._shards)), self.num_documents, len(self._shards),
+            mindrecord_files_name(self.published_path, len(self._shards)), self.num_documents, len(self._shards),
             self.compression_size,
         )
 

@@ -28,7 +28,8 @@ from .mindrecord import (
     VERSION,
     concat_int64,
 )
-from .names import MINDRECORD_INDEX_SUFFIX
+from .names import MINDRECORD_INDEX_SUFFIX, first_data_file
+from .path_rules import file_inside
 from .rows import RowDocumentsReader, row_structure
 
 
@@ -107,22 +108,31 @@ def _blob_pages(path: str, header: dict) -> np.ndarray:
     return table
 
 
-def _read_index(db_path: str) -> np.ndarray:
-    """int64 [R, 4]: (ROW_ID, PAGE_ID_BLOB, PAGE_OFFSET_BLOB, PAGE_OFFSET_BLOB_END) of every `.db` row.
+def _read_index(data_path: str) -> np.ndarray:
+    """int64 [R, 4]: (ROW_ID, PAGE_ID_BLOB, PAGE_OFFSET_BLOB, PAGE_OFFSET_BLOB_END) of every row of the
+    `.db` beside the data file `data_path`.
 
     Raises:
-        ShardFormatError: the file is missing, not SQLite, lacks the table or holds non-integers.
+        ShardFormatError: the file is missing, a link leading out of its folder, not SQLite, lacks the
+            tables, names another data file than `data_path` in SHARD_NAME, or holds non-integers.
     """
+    directory, name = os.path.split(data_path)
+    db_path = file_inside(directory, name + MINDRECORD_INDEX_SUFFIX, data_path, entry="its index")
     if not os.path.isfile(db_path):
         raise ShardFormatError(f"{db_path}: no such file (every MindRecord data file needs its .db)")
     try:
         with sqlite3.connect(f"file:{db_path}?mode=ro", uri=True) as db:
+            shard_names = db.execute("SELECT NAME FROM SHARD_NAME").fetchall()
             rows = db.execute(
                 "SELECT ROW_ID, PAGE_ID_BLOB, PAGE_OFFSET_BLOB, PAGE_OFFSET_BLOB_END FROM INDEXES ORDER BY ROW_ID"
             ).fetchall()
         db.close()
     except sqlite3.Error as error:
         raise ShardFormatError(f"{db_path}: not a MindRecord index ({error})") from None
+    # MindSpore reads the data file this names: it must be the one beside it, nothing else.
+    if shard_names != [(name,)]:
+        listed = [row[0] for row in shard_names]
+        raise ShardFormatError(f"{db_path}: SHARD_NAME names {listed!r}, not its data file {name!r}")
     if not all(_is_int(value) for row in rows for value in row):
         raise ShardFormatError(f"{db_path}: INDEXES holds a value that is not an integer")
     try:
@@ -174,7 +184,7 @@ class _ShardView:
     def __init__(self, path: str, header: dict, field_index: int, num_fields: int) -> None:
         self.path = path
         pages = _blob_pages(path, header)
-        index = _read_index(path + MINDRECORD_INDEX_SUFFIX)
+        index = _read_index(path)
         _check_index_against_pages(path + MINDRECORD_INDEX_SUFFIX, index, pages)
         page_starts = header["header_size"] + index[:, 1] * header["page_size"]
         with open(path, "rb") as f:
@@ -236,15 +246,6 @@ class _ShardView:
             return decompress_int_rows(self.data, starts[first:last], sizes[first:last], dtype)
         except ShardFormatError as error:
             raise ShardFormatError(f"{self.path}: {error}") from None
-
-
-def first_data_file(path: str) -> str:
-    """The data file to open for the dataset named `path`: `path` itself, or, when only shards
-    `path0` .. `pathN-1` exist (a multi-shard dataset is named `x.mindrecord` by the commands that
-    wrote it), `path0`."""
-    if not os.path.exists(path) and os.path.exists(f"{path}0"):
-        return f"{path}0"
-    return path
 
 
 def _written_in_several_calls(header: dict) -> bool:
@@ -314,7 +315,8 @@ class MindRecordReader(RowDocumentsReader):
         if os.path.basename(opened) not in addresses:
             raise ShardFormatError(f"{opened}: its header lists the shards {addresses}, not this file "
                                    "(MindRecord files must keep the names they were written with)")
-        self.paths = [os.path.join(directory, name) for name in addresses]
+        self.paths = [file_inside(directory, name, opened, entry=f"header shard_addresses[{number}]")
+                      for number, name in enumerate(addresses)]
         self._shards, headers = [], []
         for shard_id, shard_path in enumerate(self.paths):
             header = read_header(shard_path) if shard_path != os.path.abspath(opened) else first_header

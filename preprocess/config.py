@@ -88,6 +88,8 @@ class PreprocessConfig:
         if isinstance(self.input, str):
             object.__setattr__(self, "input", (self.input,))
         object.__setattr__(self, "output_formats", tuple(dict.fromkeys(self.output_formats)))
+        if not self.output_prefix:
+            raise ValueError("output_prefix is empty")
         if bool(self.input) == (self.hf_dataset is not None):
             raise ValueError("give either input files or an hf_dataset, not both or neither")
         if self.hf_dataset is None and (self.hf_split != "train" or self.hf_data_files):

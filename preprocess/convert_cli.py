@@ -10,7 +10,6 @@ Everything here is `indexed_dataset.convert.convert(...)` in Python.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from dataclasses import dataclass
 
@@ -20,6 +19,8 @@ from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.cli_support import EXIT_ERROR, run_command
 from indexed_dataset.convert import DEFAULT_BATCH_DOCUMENTS, convert
 from indexed_dataset.formats import FORMATS
+
+from .cli_common import setup_logging
 
 PROG = "convert"
 DTYPES = ("uint8", "int8", "int16", "uint16", "int32", "int64")
@@ -52,6 +53,10 @@ class ConvertConfig:
     """MindRecord: page bytes (default 32 MiB)."""
     empty_documents: str | None = None
     """MindRecord: "write" empty documents as empty rows (default) or "reject" them."""
+    vocab_size: int | None = None
+    """The tokenizer's vocabulary size: every id must be below it; None: ids are not checked."""
+    verify: bool = True
+    """Check each input against its checksum manifest (when it has one) before reading it."""
 
     def __post_init__(self) -> None:
         for name in ("source_format", "target_format"):
@@ -61,6 +66,8 @@ class ConvertConfig:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.batch_documents <= 0:
             raise ValueError(f"batch_documents must be positive, got {self.batch_documents}")
+        if self.vocab_size is not None and self.vocab_size < 1:
+            raise ValueError(f"--vocab-size must be >= 1, got {self.vocab_size}")
         for name, fmt in (
             ("arrow_shard_size", "arrow"),
             ("mindrecord_shards", "mindrecord"),
@@ -107,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--to mindrecord: page bytes (default 32 MiB)")
     parser.add_argument("--empty-documents", choices=EMPTY_DOCUMENT_POLICIES,
                         help="--to mindrecord: write documents without tokens as empty rows, or fail (default write)")
+    parser.add_argument("--vocab-size", type=int, metavar="N",
+                        help="the tokenizer's vocabulary size: an id outside [0, N) fails, naming the document")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="read inputs without checking them against their checksum manifest (*.sha256sums)")
     return parser
 
 
@@ -117,7 +128,7 @@ def parse_args(argv: list[str] | None) -> ConvertConfig:
 def main(argv: list[str] | None = None) -> int:
     """Run convert with `argv` (default: sys.argv[1:]); returns the exit code (1 for a bad input or
     option value, 130 / 143 when interrupted, each with one line on stderr)."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    setup_logging()  # plain lines on stderr, as every other data command writes them
 
     def command() -> int:
         config = parse_args(argv)
@@ -128,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             source_format=config.source_format,
             dtype=np.dtype(config.dtype) if config.dtype else None,
             batch_documents=config.batch_documents,
+            vocab_size=config.vocab_size,
+            verify=config.verify,
             **config.writer_options(),
         )
         return 0

@@ -1,8 +1,8 @@
 """Finding the input files and cutting them into chunks, in sorted path order.
 
 `--input` takes any number of files, glob patterns and directories. Each is expanded (a directory
-to its supported files, a `save_to_disk` folder to its `data-*.arrow` files), the union is sorted by
-path (duplicates dropped), and documents keep that order. Supported files:
+to its supported files, a `save_to_disk` folder to the `.arrow` files its `state.json` lists), the
+union is sorted by path (duplicates dropped), and documents keep that order. Supported files:
 
     .jsonl / .json           JSON lines, plain, `.gz` or `.zst` (pyarrow's zstd codec: no `zstandard` needed)
     .parquet                 read in record batches of the key (and kept-field) columns
@@ -22,9 +22,14 @@ import gzip
 import io
 import logging
 import os
+import select
+import stat
 from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
+
+from indexed_dataset.arrow import saved_dataset_files
+from indexed_dataset.names import ARROW_STATE_FILE
 
 from .columnar import arrow_file_chunks, parquet_chunks
 from .errors import InputError
@@ -36,12 +41,14 @@ JSON_SUFFIXES = (".jsonl", ".json")
 COMPRESSIONS = {".gz": "gzip", ".zst": "zstd"}
 PARQUET_SUFFIX = ".parquet"
 ARROW_SUFFIX = ".arrow"
-# A `Dataset.save_to_disk` folder holds this file; its data files are `data-*.arrow`.
-SAVED_DATASET_STATE = "state.json"
 # 1 MiB of JSON per task: large enough that per-chunk overheads vanish (~100 chunks per 100 MB), small
 # enough that the chunks in flight keep memory flat.
 DEFAULT_CHUNK_BYTES = 2**20
 _NEWLINE = b"\n"
+# How long a named pipe may stay without a writer before the run stops (seconds). Opening a pipe blocks
+# until a writer opens it; a writer that never comes would hang the run. Generous: the producer of
+# `mkfifo p.jsonl; zcat x.gz > p.jsonl & preprocess-data --input p.jsonl` may start after us.
+PIPE_WRITER_WAIT_S = 120.0
 
 
 def _split_compression(path: str) -> tuple[str, str | None]:
@@ -64,16 +71,9 @@ def input_kind(path: str) -> str | None:
     return None
 
 
-def _saved_dataset_files(directory: str) -> list[str]:
-    return sorted(glob.glob(os.path.join(glob.escape(directory), "data-*" + ARROW_SUFFIX)))
-
-
 def _directory_files(directory: str) -> list[str]:
-    if os.path.isfile(os.path.join(directory, SAVED_DATASET_STATE)):
-        paths = _saved_dataset_files(directory)
-        if not paths:
-            raise InputError(f"{directory}: saved dataset folder holds no data-*.arrow files")
-        return paths
+    if os.path.isfile(os.path.join(directory, ARROW_STATE_FILE)):
+        return saved_dataset_files(directory)
     paths = [os.path.join(directory, name) for name in os.listdir(directory)]
     paths = [path for path in paths if not os.path.isdir(path) and input_kind(path)]
     if not paths:
@@ -81,10 +81,26 @@ def _directory_files(directory: str) -> list[str]:
     return paths
 
 
+def _check_file_type(path: str) -> None:
+    """A regular file, or a named pipe of JSON lines (read as a stream); anything else (a device, a socket,
+    a pipe of Parquet or Arrow, which are read with seeks) is refused.
+
+    Raises:
+        InputError: naming the path and its type.
+    """
+    mode = os.stat(path).st_mode
+    if stat.S_ISREG(mode) or (stat.S_ISFIFO(mode) and input_kind(path) == "jsonl"):
+        return
+    what = "a named pipe" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) \
+        else "a socket" if stat.S_ISSOCK(mode) else "not a regular file"
+    raise InputError(f"{path}: is {what}; inputs are regular files (a named pipe only for .jsonl/.json)")
+
+
 def _expand(spec: str) -> list[str]:
     if os.path.exists(spec) and not os.path.isdir(spec):  # a file, or a named pipe
         if input_kind(spec) is None:
             raise InputError(f"{spec}: unsupported input; expected .jsonl/.json (.gz/.zst), .parquet or .arrow")
+        _check_file_type(spec)
         return [spec]
     if os.path.isdir(spec):
         return _directory_files(spec)
@@ -93,6 +109,8 @@ def _expand(spec: str) -> list[str]:
              (_directory_files(match) if os.path.isdir(match) else [match] if input_kind(match) else [])]
     if not paths:
         raise InputError(f"{spec}: no such file, directory or matching input files")
+    for path in paths:
+        _check_file_type(path)
     return paths
 
 
@@ -143,6 +161,28 @@ def _open_decompressed(path: str, raw, compression: str | None):
             raise InputError(f"{path}: this pyarrow build has no zstd codec; decompress the file first")
         return pa.CompressedInputStream(raw, "zstd")
     return raw
+
+
+def _open_input(path: str) -> io.FileIO:
+    """`path` opened for reading, unbuffered; a named pipe once a writer has opened it.
+
+    Raises:
+        InputError: a named pipe got no writer within PIPE_WRITER_WAIT_S.
+        OSError: it cannot be opened.
+    """
+    if not stat.S_ISFIFO(os.stat(path).st_mode):
+        return open(path, "rb", buffering=0)
+    # Opened without blocking, then polled: until a writer comes, poll reports nothing (Linux reports a
+    # hang-up only once a writer has come and gone), so the wait is bounded instead of a blocking open's.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN | select.POLLHUP)
+    if not poller.poll(PIPE_WRITER_WAIT_S * 1000):
+        os.close(fd)
+        raise InputError(f"{path}: named pipe without a writer for {PIPE_WRITER_WAIT_S:.0f} s; start the "
+                         "program that writes it")
+    os.set_blocking(fd, True)
+    return io.FileIO(fd, "rb")
 
 
 class InputReader:
@@ -203,7 +243,7 @@ class InputReader:
 
     def _json_chunks(self, path: str, consumed_before: int) -> Iterator[JsonLinesChunk]:
         try:
-            raw = _CountingReader(open(path, "rb", buffering=0))
+            raw = _CountingReader(_open_input(path))
         except OSError as error:
             raise InputError(f"{path}: cannot open: {error.strerror}") from None
         with raw, _open_decompressed(path, io.BufferedReader(raw), _split_compression(path)[1]) as f:

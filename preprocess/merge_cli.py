@@ -23,9 +23,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from indexed_dataset import convert, datasets_in_directory, format_of, merge_datasets, open_reader
+from indexed_dataset.checksums import remove_dataset_checksums, verify_dataset_checksums, write_dataset_checksums
 from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.cli_support import run_command
-from indexed_dataset.formats import dataset_path
+from indexed_dataset.formats import check_replaceable, dataset_files, dataset_path, files_read
+from indexed_dataset.path_rules import refuse_output_over_inputs
 
 from .cli_common import setup_logging
 from .errors import InputError
@@ -48,10 +50,14 @@ class MergeConfig:
     """Merge every dataset in this directory, each format in lexicographic order of names."""
     input_prefixes: tuple[str, ...] = ()
     """Merge these datasets (all of one format), in this order."""
+    verify: bool = True
+    """Check each input against its checksum manifest (when it has one) before reading it."""
 
     def __post_init__(self) -> None:
         if (self.input_directory is None) == (not self.input_prefixes):
             raise ValueError("give either an input directory or input prefixes, not both or neither")
+        if not self.output_prefix:
+            raise ValueError("the output prefix is empty")
 
     def datasets(self) -> dict[str, list[str]]:
         """Format -> the datasets to merge into that format's output, in order.
@@ -105,7 +111,8 @@ def check_complete_parts(paths: Iterable[str]) -> None:
 def merge(config: MergeConfig) -> dict[str, str]:
     """Merge each format's datasets into its output; returns format -> output path.
 
-    Every input of every format is fully validated before anything is written, and if writing one
+    Every input of every format is fully validated, and every output checked not to overwrite an input
+    or a file of the user's (`formats.check_replaceable`), before anything is written, and if writing one
     format's output fails, the outputs already written are removed: a merge leaves all or nothing (a
     missing output directory is created, and removed again if the merge fails).
     mmap pairs go through `merge_datasets` (Megatron's byte layout), Arrow and MindRecord through
@@ -114,23 +121,37 @@ def merge(config: MergeConfig) -> dict[str, str]:
     datasets = config.datasets()
     check_complete_parts(path for paths in datasets.values() for path in paths)
     mindrecord_shards = 1
+    inputs: list[str] = []
     for fmt, paths in datasets.items():
         readers = [open_reader(path, fmt) for path in paths]
-        for reader in readers:
+        for path, reader in zip(paths, readers):
+            if config.verify:
+                verify_dataset_checksums(fmt, path, files_read(fmt, reader))
             reader.validate()
         if fmt == "mindrecord":
             mindrecord_shards = _common_shard_count(paths, readers)
+        inputs += [file for reader in readers for file in files_read(fmt, reader)]
+    # Every format's output is checked before the first is written: a merge leaves all or nothing.
+    for fmt in datasets:
+        output = dataset_path(fmt, config.output_prefix)
+        refuse_output_over_inputs(dataset_files(fmt, output, mindrecord_shards), inputs)
+        check_replaceable(fmt, output, mindrecord_shards)
     created = _make_output_directory(config.output_prefix)
     outputs = {}
     try:
         for fmt, paths in datasets.items():
             output = dataset_path(fmt, config.output_prefix)
+            # The inputs were verified above; `convert` writes its output's checksum manifest itself.
             if fmt == "mmap":
+                remove_dataset_checksums(output)
                 merge_datasets(paths, output)
+                outputs[fmt] = output  # from here on, a failure removes it (with its manifest)
+                write_dataset_checksums(output, dataset_files(fmt, output))
             elif fmt == "mindrecord":
-                convert(paths, output, target_format=fmt, source_format=fmt, num_shards=mindrecord_shards)
+                convert(paths, output, target_format=fmt, source_format=fmt, num_shards=mindrecord_shards,
+                        verify=False)
             else:
-                convert(paths, output, target_format=fmt, source_format=fmt)
+                convert(paths, output, target_format=fmt, source_format=fmt, verify=False)
             outputs[fmt] = output
             merged = open_reader(output, fmt)
             logger.info("Merged %d %s datasets into %s: %d documents, %d sequences, %d tokens", len(paths), fmt,
@@ -189,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--inputs", nargs="+", help="datasets of one format, merged in the order given")
     parser.add_argument("--output-prefix", required=True,
                         help="the merged datasets are PREFIX.bin/.idx, PREFIX_arrow, PREFIX.mindrecord")
+    parser.add_argument("--no-verify", dest="verify", action="store_false",
+                        help="read inputs without checking them against their checksum manifest (*.sha256sums)")
     return parser
 
 
@@ -199,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def command() -> int:
         merge(MergeConfig(output_prefix=args.output_prefix, input_directory=args.input,
-                          input_prefixes=tuple(args.inputs or ())))
+                          input_prefixes=tuple(args.inputs or ()), verify=args.verify))
         return 0
 
     return run_command(PROG, command)

@@ -23,7 +23,6 @@ import contextlib
 import glob
 import logging
 import os
-import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -31,9 +30,12 @@ from collections.abc import Iterator
 import numpy as np
 import pyarrow as pa
 
-from indexed_dataset import IndexedDatasetWriter, TokenmillError, data_file_path, index_file_path, merge_datasets
-from indexed_dataset.formats import open_writer
-from indexed_dataset.names import MINDRECORD_INDEX_SUFFIX, mindrecord_files_name
+from indexed_dataset import IndexedDatasetWriter, data_file_path, merge_datasets
+from indexed_dataset.formats import check_replaceable, open_writer
+from indexed_dataset.formats import dataset_files as output_files
+from indexed_dataset.checksums import remove_dataset_checksums, write_dataset_checksums
+from indexed_dataset.names import mindrecord_files_name
+from indexed_dataset.path_rules import refuse_output_over_inputs
 
 from .config import PreprocessConfig
 from .documents import EncodedChunk
@@ -43,29 +45,16 @@ logger = logging.getLogger(__name__)
 
 STAGING_INFIX = ".staging-"
 STAGING_SUFFIX = ".tmp"
-# What our Arrow writer puts in a dataset folder (finished files and its own temporaries). A folder
-# holding anything else is not ours to replace.
-_ARROW_FILE_NAMES = re.compile(r"data-\d{5}-of-\d{5}\.arrow|state\.json|dataset_info\.json|\..*\.tmp|.*\.json\.tmp")
+# The outputs that get a checksum manifest beside them (`indexed_dataset.checksums`): the formats without
+# checksums of their own, where a flipped bit would read as another valid id. (A `.bin/.idx` pair is
+# checked by its own structure and sizes, and its folder listing stays Megatron's.)
+CHECKSUMMED_FORMATS = ("arrow", "mindrecord")
 
 
 def staging_glob(part_prefix: str) -> str:
     """The glob pattern (escaped) matching the staging directories of runs with this prefix."""
     directory, name = os.path.split(os.path.abspath(part_prefix))
     return os.path.join(glob.escape(directory), f".{glob.escape(name)}{STAGING_INFIX}*{STAGING_SUFFIX}")
-
-
-def output_files(fmt: str, path: str, mindrecord_shards: int = 1) -> list[str]:
-    """The files (or, for Arrow, the folder) an output of format `fmt` at `path` consists of, in the
-    order they are published (the file that makes a reader take the output as complete comes last)."""
-    if fmt == "arrow":
-        return [path]
-    if fmt == "mmap":
-        return [data_file_path(path), index_file_path(path)]
-    # Imported here: the MindRecord module loads numba (~0.12 s, ~56 MB), which a run without
-    # MindRecord outputs never needs (issue 19).
-    from indexed_dataset.mindrecord import shard_paths
-
-    return [p + suffix for p in shard_paths(path, mindrecord_shards) for suffix in (MINDRECORD_INDEX_SUFFIX, "")]
 
 
 def written_names(config: PreprocessConfig) -> dict[str, dict[str, str]]:
@@ -79,26 +68,30 @@ def written_names(config: PreprocessConfig) -> dict[str, dict[str, str]]:
 
 
 def remove_output(fmt: str, path: str, mindrecord_shards: int = 1) -> None:
-    """Delete an output of format `fmt` at `path` if it exists (all its files)."""
+    """Delete an output of format `fmt` at `path` if it exists (all its files, and its checksum manifest)."""
     for file_path in output_files(fmt, path, mindrecord_shards):
         if os.path.isdir(file_path):
             shutil.rmtree(file_path, ignore_errors=True)
         elif os.path.lexists(file_path):
             os.remove(file_path)
+    remove_dataset_checksums(path)
 
 
-def check_replaceable(fmt: str, path: str) -> None:
-    """Refuse to replace an Arrow output folder that holds files our writer does not make.
+def check_outputs(config: PreprocessConfig, inputs: list[str]) -> None:
+    """Before anything is removed or written: refuse outputs that would overwrite an input file (an
+    Arrow output folder read as the input, a tokenizer file), or what is not an output of ours (a
+    directory, link, FIFO at an output's name; an Arrow folder with someone else's files). Outputs
+    of an earlier run are replaced (the rerun).
 
     Raises:
-        TokenmillError: names the folder and a foreign file.
+        TokenmillError: naming the path.
     """
-    if fmt != "arrow" or not os.path.isdir(path):
-        return
-    foreign = sorted(name for name in os.listdir(path) if not _ARROW_FILE_NAMES.fullmatch(name))
-    if foreign:
-        raise TokenmillError(f"{path}: output directory is not empty (it holds {foreign[0]!r}, which "
-                             "preprocess-data did not write); remove it or choose another --output-prefix")
+    outputs = [file for key in config.json_keys for fmt, path in config.output_paths_of(key).items()
+               for file in output_files(fmt, path, config.mindrecord_shards)]
+    refuse_output_over_inputs(outputs, [*inputs, *config.tokenizer.files()])
+    for key in config.json_keys:
+        for fmt, path in config.output_paths_of(key).items():
+            check_replaceable(fmt, path, config.mindrecord_shards)
 
 
 class Outputs:
@@ -109,7 +102,6 @@ class Outputs:
         dtype: token dtype of every output.
 
     Raises:
-        TokenmillError: an Arrow output folder holds files of someone else.
         ValueError: a bad writer option (shard count, empty-document policy).
     """
 
@@ -122,9 +114,6 @@ class Outputs:
         self.row_writers: list[tuple[str, str, object]] = []  # (key, format, writer)
         self.field_types: dict[str, pa.DataType] | None = None
         self.published: list[tuple[str, str]] = []  # (format, final path)
-        for key in config.json_keys:
-            for fmt, path in config.output_paths_of(key).items():
-                check_replaceable(fmt, path)
         directory, name = os.path.split(os.path.abspath(config.part_prefix))
         self.staging: str | None = tempfile.mkdtemp(prefix=f".{name}{STAGING_INFIX}", suffix=STAGING_SUFFIX,
                                                     dir=directory)
@@ -133,7 +122,7 @@ class Outputs:
                 for fmt, path in config.output_paths_of(key).items():
                     if fmt != "mmap":
                         with self._naming(path):
-                            writer = open_writer(fmt, self._staged(path), dtype, **self._options(fmt))
+                            writer = open_writer(fmt, self._staged(path), dtype, **self._options(fmt, path))
                         self.row_writers.append((key, fmt, writer))
         except BaseException:
             self.abort()
@@ -162,12 +151,13 @@ class Outputs:
         """Where an output is written before it is published."""
         return os.path.join(self.staging, os.path.basename(final_path))
 
-    def _options(self, fmt: str) -> dict:
+    def _options(self, fmt: str, final_path: str) -> dict:
         # Sentence splitting makes several sequences per document: row formats must store their lengths.
         if fmt == "arrow":
             return {"shard_size": self.config.shard_size, "store_sequence_lengths": self.config.split_sentences}
+        # The MindRecord writer logs its files: under the names they are published as, not the staging ones.
         return {"num_shards": self.config.mindrecord_shards, "empty_documents": self.config.empty_documents,
-                "store_sequence_lengths": self.config.split_sentences}
+                "store_sequence_lengths": self.config.split_sentences, "published_path": final_path}
 
     def write(self, partition: int, chunk: EncodedChunk) -> None:
         """Append a chunk's documents to every output; `partition` is its mmap partition."""
@@ -247,6 +237,9 @@ class Outputs:
                                               output_files(fmt, final, shards)):
                         with self._naming(target):
                             os.replace(staged, target)
+                    if fmt in CHECKSUMMED_FORMATS:
+                        with self._naming(final):
+                            write_dataset_checksums(final, output_files(fmt, final, shards))
         except BaseException:
             self.abort()
             raise

@@ -36,10 +36,10 @@ from .documents import EncodeSettings
 from .fanout import clear_part, mark_done, part_fingerprint, part_is_done, rank_files, remove_marker
 from .inputs import InputReader, resolve_inputs
 from .jsonl import SKIPPED_LINES_QUOTED
-from .outputs import Outputs, written_names
+from .outputs import Outputs, check_outputs, written_names
 from .progress import Progress
 from .tokenizers import build_tokenizer
-from .workers import chunk_encoder
+from .workers import chunk_encoder, usable_workers
 
 logger = logging.getLogger(__name__)
 
@@ -116,8 +116,9 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
 
     Raises:
         TokenmillError: bad input (`file:line: reason`), a tokenizer that cannot be built, a token id
-            that does not fit the dtype, a dead worker, or (fanned out) a part marked done by another
-            command. No output is left behind.
+            that does not fit the dtype, a dead worker, (fanned out) a part marked done by another
+            command, or an output that would overwrite an input or something not ours (`check_outputs`).
+            No output is left behind, and nothing that was there is removed.
     """
     output_directory = os.path.dirname(os.path.abspath(config.output_prefix))
     if not os.path.isdir(output_directory):
@@ -125,6 +126,7 @@ def preprocess_data(config: PreprocessConfig, use_progress_bar: bool | None = No
     paths = resolve_inputs(config.input) if config.input else []
     if config.world_size > 1:
         paths = rank_files(paths, config.rank, config.world_size)
+    check_outputs(config, paths)
     fingerprint = part_fingerprint(config, paths)
     # A streamed --hf-dataset has no files to fingerprint: its run is always redone.
     if config.hf_dataset is None and part_is_done(config, fingerprint):
@@ -173,7 +175,8 @@ def _run(
     try:
         outputs = Outputs(config, dtype)
         try:
-            with chunk_encoder(config.workers, tokenizer, config.tokenizer, settings,
+            workers = usable_workers(config.workers, config.encoder_memory_limit_mb)
+            with chunk_encoder(workers, tokenizer, config.tokenizer, settings,
                                config.encoder_memory_limit_mb) as encode_all:
                 del tokenizer  # the encoder owns it now: it frees it once its encoder processes take over
                 starts: collections.deque[int] = collections.deque()

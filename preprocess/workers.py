@@ -50,6 +50,7 @@ from functools import partial
 from multiprocessing.connection import Connection
 
 from indexed_dataset import TokenmillError
+from indexed_dataset.machine import GIB, available_memory_bytes, usable_cores
 
 from .documents import EncodedChunk, EncodeSettings, encode_chunk
 from .tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
@@ -71,6 +72,9 @@ FRESH_ENCODER_MB = 130
 # fraction of its room under the limit; then the encoder process starts, and takes over once it is
 # ready (~0.5 s later: imports, tokenizer), or at once if this process reaches the limit first.
 ENCODER_PROCESS_START = 0.75
+# Resident memory (MiB) of this process once it has handed encoding over (see DEFAULT_ENCODER_MEMORY_LIMIT_MB):
+# kept free when counting the encoder processes the available memory holds (`usable_workers`).
+MAIN_PROCESS_MB = 225
 # See `projected_bytes`.
 NEXT_GROWTH_STEP = 0.6
 # An encoder process: a fresh interpreter running `encoder_process_main` on two inherited pipe ends, then
@@ -102,16 +106,29 @@ def resident_bytes() -> int:
         return peak if sys.platform == "darwin" else peak * 1024  # bytes on macOS, KiB elsewhere
 
 
+def usable_workers(requested: int, memory_limit_mb: int) -> int:
+    """`requested` worker processes, capped at what this machine holds: one per usable core (more only
+    time-share the cores), and as many encoder processes at `memory_limit_mb` each as its available memory
+    holds besides this process. The ids do not depend on the number of workers, so a cap changes only
+    the speed; it is logged as a warning (one line). At least 1.
+    """
+    cores = usable_cores()
+    available = available_memory_bytes()
+    by_memory = max(1, (available - MAIN_PROCESS_MB * _MIB) // (memory_limit_mb * _MIB))
+    usable = min(requested, cores, by_memory)
+    if usable < requested:
+        logger.warning("--workers %d is more than this machine holds: using %d (%d usable cores; %.1f GiB "
+                       "available / %d MB per encoder process = %d)", requested, usable, cores,
+                       available / GIB, memory_limit_mb, by_memory)
+    return usable
+
+
 def spread_batches(threads: int) -> bool:
     """Whether the tokenizer should spread each batch over its own thread pool (gigatoken's) when
     `threads` of our threads encode batches at once (1: one of several encoder processes, each meant to
     take one core). Only when the machine has cores to spare beyond ours: otherwise every batch already
     has a core, and the pool's hand-offs cost CPU for nothing (its idle threads spin while they wait)."""
-    try:
-        cores = len(os.sched_getaffinity(0))  # the cores this process may use (taskset, cgroups)
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return threads > 1 and cores > threads
+    return threads > 1 and usable_cores() > threads
 
 
 def _enlarge_pipe(fd: int) -> None:

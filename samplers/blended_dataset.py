@@ -30,6 +30,10 @@ class BlendedDataset(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return len(self.dataset_index)
 
+    def locate_token(self, idx: int, token_id: int) -> str | None:
+        """Where item `idx` holds `token_id`: "PATH: document D", or None (see `GPTDataset.locate_token`)."""
+        return self.datasets[int(self.dataset_index[idx])].locate_token(int(self.dataset_sample_index[idx]), token_id)
+
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         idx = int(idx)
         if not -len(self) <= idx < len(self):

@@ -30,7 +30,13 @@ from .gpt.indices import (
     gpt_index_description,
     load_or_build_gpt_indices,
 )
-from .indices import blend_sizes, build_blending_indices, build_exhaustive_blending_indices
+from .indices import (
+    blend_index_bytes,
+    blend_sizes,
+    build_blending_indices,
+    build_exhaustive_blending_indices,
+    check_index_fits,
+)
 from .sources import TokenSource
 from .splits import SPLIT_NAMES, normalize_weights, split_ranges
 
@@ -161,6 +167,8 @@ class _Builder:
         }
 
         def build() -> dict[str, np.ndarray]:
+            check_index_fits(blend_index_bytes(len(weights), int(sum(weights)) if exhaustive else size),
+                             f"the {name} blend of {', '.join(prefixes)}: {size} samples")
             with self.timings.measure("blend_index"):
                 if exhaustive:
                     arrays = build_exhaustive_blending_indices(weights)

@@ -25,6 +25,8 @@ from typing import Callable, Mapping, Optional
 
 import numpy as np
 
+from indexed_dataset.machine import format_gib, free_disk_bytes
+
 logger = logging.getLogger(__name__)
 
 HASH_HEX_DIGITS = 32
@@ -91,6 +93,13 @@ class IndexCache:
     def save(self, name: str, description: Mapping[str, object], arrays: Mapping[str, np.ndarray]) -> bool:
         """Store the arrays, then the marker. Returns False (and logs why) if the directory is not writable."""
         paths = self.paths(name, description, tuple(arrays))
+        needed = sum(array.nbytes for array in arrays.values())
+        free = free_disk_bytes(self.directory)
+        if needed > free:
+            # Writing would fill the disk (for every other program too) before failing.
+            logger.warning("the index cache in %s would need %s but the disk has %s free; keeping the indices in "
+                           "memory", self.directory, format_gib(needed), format_gib(free))
+            return False
         try:
             os.makedirs(self.directory, exist_ok=True)
             for kind, array in arrays.items():

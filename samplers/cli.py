@@ -16,7 +16,7 @@ import logging
 import sys
 from typing import NoReturn, Optional
 
-from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_parser import CommandParser, int_at_least, seed_value
 from indexed_dataset.cli_support import EXIT_ERROR, run_command
 
 from .prebuild import BuildIndicesConfig, build_indices
@@ -29,7 +29,7 @@ from .run_length import (
     TRAIN_ITERS_FLAG,
     RunLength,
 )
-from .splits import DEFAULT_SPLIT
+from .splits import DEFAULT_SPLIT, SPLIT_NAMES
 
 PROG = "build-indices"
 
@@ -49,9 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--test-data-path", nargs="+", metavar="[WEIGHT] PREFIX", help="test split datasets (used whole)")
     parser.add_argument("--split", help=f"split fractions with --data-path, e.g. 949,50,1 (default {DEFAULT_SPLIT})")
     parser.add_argument("--seq-length", type=int, required=True, help="tokens per sample")
-    parser.add_argument("--seed", type=int, default=1234, help="random seed of the shuffles (default 1234)")
+    parser.add_argument("--seed", type=seed_value, default=1234, help="random seed of the shuffles (default 1234)")
     for name in ("train", "valid", "test"):
-        parser.add_argument(f"--{name}-samples", type=int, help=f"{name} samples (default: one epoch)")
+        parser.add_argument(f"--{name}-samples", type=int_at_least(0), help=f"{name} samples (default: one epoch)")
     run = parser.add_argument_group("or the counts train derives from a run's length (Megatron's rule)")
     run.add_argument(TRAIN_ITERS_FLAG, type=int, help="training steps; with the flags below gives all three counts")
     run.add_argument(GLOBAL_BATCH_FLAG, type=int, help="samples per step (required with --train-iters)")
@@ -76,6 +76,16 @@ def parse_args(argv: Optional[list[str]]) -> BuildIndicesConfig:
     return BuildIndicesConfig(**options)
 
 
+def _sample_count(config: BuildIndicesConfig, split: str, indexed: int) -> str:
+    """"N samples", or with a requested size "R requested, N indexed (whole epochs)": the index covers whole
+    epochs, so it holds more samples than asked for."""
+    if config.run_length is not None:
+        requested = dict(zip(SPLIT_NAMES, config.run_length.sizes()))[split]
+    else:
+        requested = getattr(config, f"{split}_samples")
+    return f"{indexed} samples" if not requested else f"{requested} requested, {indexed} indexed (whole epochs)"
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     """Run `build-indices`; returns the exit code (1 on a bad input, 130 / 143 when interrupted, each
     with one line on stderr; the cache is written under temporary names, so nothing half-built stays)."""
@@ -86,7 +96,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         splits, timings = build_indices(config)
         for split in splits:
             if split is not None:
-                logging.getLogger(__name__).info("%s: %d samples", split.split, len(split))
+                logging.getLogger(__name__).info("%s: %s", split.split, _sample_count(config, split.split, len(split)))
         if config.timings:
             print(json.dumps(timings.as_dict()))
         return 0

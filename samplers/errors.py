@@ -31,3 +31,8 @@ class EmptySplitError(SamplerError):
 
 class BlendSizeError(SamplerError):
     """A blend asks a member dataset for more samples than the member holds."""
+
+
+class IndexMemoryError(SamplerError):
+    """Index arrays asked for (a sample count) would not fit in this machine's available memory; the
+    message gives the estimate in GiB."""

@@ -23,7 +23,10 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from indexed_dataset.machine import available_memory_bytes, format_gib
+
 from . import kernels
+from .errors import IndexMemoryError
 
 SEPARATE_FINAL_EPOCH_THRESHOLD = 0.80
 """Megatron shuffles the last epoch apart when it contributes fewer than 80% of an epoch's samples, so
@@ -187,6 +190,28 @@ def build_shuffle_index(num_samples_first: int, num_samples: int, rng: np.random
     if num_samples_first < num_samples:
         rng.shuffle(shuffle_index[num_samples_first:])
     return shuffle_index
+
+
+def check_index_fits(num_bytes: int, what: str) -> None:
+    """Refuse to build index arrays of `num_bytes` that this machine's available memory cannot hold, before
+    any is allocated (numpy would fail with a MemoryError, or the system start swapping, after minutes).
+
+    Args:
+        num_bytes: the arrays' bytes, from their lengths and dtypes.
+        what: the dataset and split they index, and why they are that large (the sample count).
+
+    Raises:
+        IndexMemoryError: one line with the estimate in GiB.
+    """
+    available = available_memory_bytes()
+    if num_bytes > available:
+        raise IndexMemoryError(f"{what}: the index arrays need {format_gib(num_bytes)} of memory, more than the "
+                               f"{format_gib(available)} this machine has available; ask for fewer samples")
+
+
+def blend_index_bytes(num_datasets: int, size: int) -> int:
+    """Bytes of the two arrays of a blend of `size` samples (`build_blending_indices`)."""
+    return size * (dataset_id_dtype(num_datasets).itemsize + np.dtype(np.int64).itemsize)
 
 
 def dataset_id_dtype(num_datasets: int) -> np.dtype:

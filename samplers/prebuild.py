@@ -20,7 +20,7 @@ from .config import GPTDatasetConfig
 from .errors import BlendFormatError
 from .gpt.indices import GPT_INDEX_KINDS, PhaseTimings
 from .run_length import RunLength
-from .splits import DEFAULT_SPLIT, parse_blend
+from .splits import DEFAULT_SPLIT, check_split_sizes, parse_blend
 
 
 @dataclass(kw_only=True, slots=True)
@@ -70,6 +70,8 @@ class BuildIndicesConfig:
                 raise ValueError(f"{name} must be >= 0, got {value}")
         if self.run_length is not None and any(n is not None for n in self.explicit_sizes):
             raise ValueError("give either the sample counts or the run's length (train iterations ...), not both")
+        if self.data_path is not None:
+            check_split_sizes(self.split or DEFAULT_SPLIT, self.explicit_sizes)
 
     @property
     def explicit_sizes(self) -> tuple[Optional[int], Optional[int], Optional[int]]:

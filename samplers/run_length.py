@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 # Spellings of the flags behind the counts, for messages (Megatron's, shared by train, build-indices and inspect-index).
 TRAIN_ITERS_FLAG = "--train-iters"
+TRAIN_SAMPLES_FLAG = "--train-samples"
 GLOBAL_BATCH_FLAG = "--global-batch-size"
 EVAL_INTERVAL_FLAG = "--eval-interval"
 EVAL_ITERS_FLAG = "--eval-iters"
@@ -38,6 +39,9 @@ class RunLength:
     """Steps between evaluations on the validation split."""
     eval_iters: int
     """Global batches per evaluation (0: no evaluation, no validation or test samples)."""
+    train_samples: int | None = None
+    """A run sized in samples (--train-samples): the train split's size, as in Megatron (the steps are its
+    whole global batches)."""
 
     def __post_init__(self) -> None:
         for name in ("train_iters", "global_batch_size", "eval_interval"):
@@ -57,7 +61,7 @@ class RunLength:
 
     def sizes(self) -> tuple[int, int, int]:
         """Samples wanted of the train, valid and test splits."""
-        train = self.train_iters * self.global_batch_size
+        train = self.train_samples if self.train_samples is not None else self.train_iters * self.global_batch_size
         return train, self.num_evaluations * self.samples_per_evaluation, self.samples_per_evaluation
 
     def consumed_valid_samples(self, iteration: int) -> int:
@@ -69,7 +73,9 @@ class RunLength:
         """How the flags give `split`'s sample count, e.g. "--eval-iters 100 x --global-batch-size 8 = 800"."""
         batch = f"{GLOBAL_BATCH_FLAG} {self.global_batch_size}"
         size = dict(zip(("train", "valid", "test"), self.sizes()))[split]
-        if split == "train":
+        if split == "train" and self.train_samples is not None:
+            formula = f"{TRAIN_SAMPLES_FLAG} {self.train_samples}"
+        elif split == "train":
             formula = f"{TRAIN_ITERS_FLAG} {self.train_iters} x {batch}"
         elif split == "valid":
             formula = (f"{EVAL_ITERS_FLAG} {self.eval_iters} x ({TRAIN_ITERS_FLAG} {self.train_iters} // "

@@ -30,6 +30,10 @@ DEFAULT_SPLIT = "969,30,1"
 _SPLIT_NUMBER = re.compile(r"[.0-9]+")
 """Megatron extracts the numbers of a split string with this pattern (any separator works)."""
 
+_SPLIT_SEPARATORS = re.compile(r"[\s,/:;]+")
+"""What may stand between the numbers. Anything else ("1,2,x", "inf,1,1", "1e3") Megatron's pattern would
+silently drop or cut apart, so it is refused."""
+
 SplitBookends = Optional[tuple[float, float]]
 """A split's [start, end) fraction of the dataset, or None when the split is empty by construction."""
 
@@ -55,8 +59,13 @@ def parse_split(split: str) -> list[float]:
     Missing trailing numbers are zero ("99,1" = "99,1,0").
 
     Raises:
-        SplitFormatError: no numbers, more than three, a malformed number, or all zero.
+        SplitFormatError: no numbers, more than three, a malformed number or a word that is not a number
+            ("x", "inf", "nan"), or all zero.
     """
+    words = [word for word in _SPLIT_SEPARATORS.split(split) if word]
+    not_numbers = [word for word in words if not _SPLIT_NUMBER.fullmatch(word)]
+    if not_numbers:
+        raise SplitFormatError(f"split {split!r}: {not_numbers[0]!r} is not a number >= 0")
     try:
         numbers = [float(token) for token in _SPLIT_NUMBER.findall(split)]
     except ValueError:
@@ -67,6 +76,19 @@ def parse_split(split: str) -> list[float]:
     if sum(numbers) <= 0:
         raise SplitFormatError(f"split {split!r}: the numbers must not all be zero")
     return normalize_weights(numbers)
+
+
+def check_split_sizes(split: str, sizes: Sequence[Optional[int]]) -> None:
+    """Refuse sample counts (train, valid, test; None: one epoch) asked of a split that ``split`` leaves empty:
+    they would silently give nothing.
+
+    Raises:
+        SplitFormatError: naming the split, its count and the split string.
+    """
+    for name, fraction, size in zip(SPLIT_NAMES, parse_split(split), sizes):
+        if fraction == 0 and size:
+            raise SplitFormatError(f"split {split!r} gives the {name} split no data, yet {size} {name} samples "
+                                   "are asked for")
 
 
 def split_bookends(split: str) -> list[SplitBookends]:

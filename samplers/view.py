@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 
-from .splits import DEFAULT_SPLIT, SPLIT_NAMES
+from .splits import DEFAULT_SPLIT, SPLIT_NAMES, check_split_sizes
 
 # Megatron's `--seed` default.
 DEFAULT_SEED = 1234
@@ -140,6 +140,7 @@ class TrainingViewConfig:
         sample_kind(self.model)
         if any(size is not None and size < 0 for size in self.sizes):
             raise ValueError(f"sample counts must be >= 0, got {list(self.sizes)}")
+        check_split_sizes(self.split, self.sizes)
 
 
 

@@ -1,6 +1,6 @@
 """Every command line the READMEs show parses with the real command's parser: the docs cannot drift.
 
-A command is a line of a ```bash block in README.md or README.zh-CN.md (backslash continuations joined,
+A command is a line of a ```bash block in README.md, README.zh-CN.md or a page of docs/ (backslash continuations joined,
 `#` comments dropped, leading `NAME=value` environment assignments skipped) whose first word is one of
 our console scripts (`[project.scripts]` in pyproject.toml). It is parsed by that script's
 `build_parser()` exactly as the shell would hand it over. Two placeholders are documented and handled:
@@ -27,6 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = ("README.md", "README.zh-CN.md")
+# The README is the front door; the reference for each command lives in docs/, one page per topic.
+DOCS = tuple(sorted(str(path.relative_to(ROOT)) for path in (ROOT / "docs").glob("*.md")))
 SAME_FLAGS = "<same flags>"
 ELISION = "..."
 ENVIRONMENT_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
@@ -90,7 +92,7 @@ def readme_commands(readme: str) -> list[Command]:
     return commands
 
 
-ALL_COMMANDS = [command for readme in READMES for command in readme_commands(readme)]
+ALL_COMMANDS = [command for readme in READMES + DOCS for command in readme_commands(readme)]
 
 
 def test_both_readmes_show_commands_of_every_kind():
@@ -98,6 +100,14 @@ def test_both_readmes_show_commands_of_every_kind():
         shown = {command.script for command in readme_commands(readme)}
         assert {"preprocess-data", "inspect-index", "train", "convert-checkpoint", "generate",
                 "plot-metrics"} <= shown, (readme, shown)
+
+
+def test_every_docs_page_with_a_bash_block_is_parsed():
+    """The reference moved from README.md to docs/: its commands must still be found there."""
+    pages = {command.where.split(":")[0] for command in ALL_COMMANDS}
+    assert {f"docs/{name}.md" for name in ("preprocessing", "token-files", "training", "zero", "moe", "t5",
+                                            "bert-and-squad", "evaluation", "huggingface-and-generation",
+                                            "pictures")} <= pages
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,8 @@ Layout (Megatron's names)::
 
 A checkpoint is written under ``iter_XXXXXXX.tmp`` and renamed when every rank has finished, and the
 pointer file is replaced atomically after that, so a crash never leaves a valid-looking half
-checkpoint. Everything saved is a tensor keyed by its full-model name (``model.layers.0.attention.wq.
+checkpoint; a full disk, SIGTERM or Ctrl-C during a save removes the staging and keeps what was there.
+Without a pointer file the latest complete iteration directory is used; a broken pointer is an error. Everything saved is a tensor keyed by its full-model name (``model.layers.0.attention.wq.
 weight``, ``optim.<param>.exp_avg``, ``train.iteration``), so a checkpoint loads into any tp/pp/dp
 layout: DCP reshards DTensors by their global offsets. Loading never unpickles arbitrary objects: DCP's
 ``.metadata`` pickle is read with an unpickler that builds only the exact classes DCP's metadata holds,
@@ -38,7 +39,17 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trainer.checkpoint_manifest import read_manifest, verify_files, write_manifest
+from indexed_dataset.cli_support import Interrupted
+from trainer.checkpoint_manifest import (
+    MANIFEST_FILE,
+    MANIFESTED_FILE,
+    has_listed_sizes,
+    mark_manifested,
+    read_manifest,
+    verify_files,
+    write_manifest,
+)
+from trainer.disk_space import free_space_shortfall, is_disk_full, no_space_message
 from trainer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
@@ -52,8 +63,12 @@ OPTIMIZER_PREFIX = "optim."
 # A checkpoint converted from Hugging Face: the model only, at iteration 0 (training starts afresh from it).
 IMPORTED_ITERATION = 0
 TEMP_SUFFIX = ".tmp"
+# Characters of a malformed pointer file shown in its error.
+_SHOWN_CHARS = 40
+# Files of an iteration directory written by DCP: the tensor shards.
+_SHARD_SUFFIX = ".distcp"
 # One checkpoint's directory under a root: iter_0000100.
-_ITERATION_DIR = re.compile(r"^iter_(\d+)$")
+ITERATION_DIR = re.compile(r"^iter_(\d+)$")
 METADATA_FILE = ".metadata"
 # Every global DCP's ``.metadata`` pickle names (torch 2.13, read off checkpoints of every dtype we save):
 # its metadata dataclasses, the storage record of the file system writer, the memory-format enum, the layout
@@ -117,8 +132,9 @@ class SafeFileSystemReader(FileSystemReader):
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         path = Path(self.path) / METADATA_FILE
-        if self.verify and read_manifest(Path(self.path)) is not None:
-            verify_files(Path(self.path), [METADATA_FILE])
+        directory = Path(self.path)
+        if self.verify and (read_manifest(directory) is not None or (directory / MANIFESTED_FILE).exists()):
+            verify_files(directory, [METADATA_FILE])
         try:
             metadata = _MetadataUnpickler(io.BytesIO(path.read_bytes())).load()
         except FileNotFoundError:
@@ -151,31 +167,90 @@ def _is_rank0() -> bool:
 def save_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, torch.Tensor]) -> Path:
     """Write ``state`` as checkpoint ``iteration`` under ``root`` (collective: every rank calls it).
 
+    Any failure (a full disk, SIGTERM or Ctrl-C) removes the staging ``iter_XXXXXXX.tmp`` and leaves the
+    checkpoints already there, and the pointer, as they were.
+
     Returns:
         The checkpoint directory.
+
+    Raises:
+        CheckpointError: the disk has no room for it (checked first against the tensors' bytes, and again
+            if the disk fills during the write), or the directory cannot be written; on every rank.
     """
     final = checkpoint_dir(root, iteration)
     temp = final.with_name(final.name + TEMP_SUFFIX)
     if _is_rank0():
         Path(root).mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(temp, ignore_errors=True)
-    _barrier()
-    with warnings.catch_warnings():
-        # Single-process DCP warns that it assumes a single process, which is what we mean.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-        dcp.save(state, checkpoint_id=temp, no_dist=not _is_distributed())
-    _barrier()
-    write_manifest(temp, is_writer=_is_rank0())
-    if _is_rank0():
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(temp, final)
-        pointer = Path(root) / LATEST_FILE
-        pointer_temp = pointer.with_name(pointer.name + TEMP_SUFFIX)
-        pointer_temp.write_text(f"{iteration}\n")
-        os.replace(pointer_temp, pointer)
-        logger.info("saved checkpoint %s", final)
+        # Staging left by a process that was killed outright (SIGKILL, a launcher's stop of its workers). A run
+        # holds the directory's lock (`trainer.save_directory`): no other run is writing staging there.
+        for stale in Path(root).glob(f"iter_*{TEMP_SUFFIX}"):
+            shutil.rmtree(stale, ignore_errors=True)
+    needed = _checkpoint_bytes(state)
+    refuse_on_every_rank(free_space_shortfall(root, needed) if _is_rank0() else None)
+    try:
+        _barrier()
+        with warnings.catch_warnings():
+            # Single-process DCP warns that it assumes a single process, which is what we mean.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, checkpoint_id=temp, no_dist=not _is_distributed())
+        if _is_rank0():
+            mark_manifested(temp)
+        _barrier()
+        write_manifest(temp, is_writer=_is_rank0())
+        if _is_rank0():
+            shutil.rmtree(final, ignore_errors=True)
+            os.replace(temp, final)
+            pointer = Path(root) / LATEST_FILE
+            pointer_temp = pointer.with_name(pointer.name + TEMP_SUFFIX)
+            try:
+                pointer_temp.write_text(f"{iteration}\n")
+                os.replace(pointer_temp, pointer)
+            finally:
+                pointer_temp.unlink(missing_ok=True)
+            logger.info("saved checkpoint %s", final)
+    except BaseException as error:
+        if _is_rank0():
+            shutil.rmtree(temp, ignore_errors=True)
+        raise _save_failure(error, root, needed) from None
     _barrier()
     return final
+
+
+def _checkpoint_bytes(state: dict[str, torch.Tensor]) -> int:
+    """Bytes of the tensors of a checkpoint, over every rank (their global sizes: a DTensor's numel is its
+    global one; collective when distributed). DCP's own files add a few kilobytes."""
+    sizes = {name: tensor.numel() * tensor.element_size() for name, tensor in state.items()}
+    if _is_distributed():
+        gathered: list[dict[str, int] | None] = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, sizes)
+        sizes = {name: size for part in gathered for name, size in part.items()}
+    return sum(sizes.values())
+
+
+def refuse_on_every_rank(message: str | None) -> None:
+    """Raise CheckpointError(``message``) on every rank when rank 0's ``message`` is not None (collective when
+    distributed: what only rank 0 can decide, every rank must raise, or the others would wait for it)."""
+    if _is_distributed():
+        shared = [message]
+        dist.broadcast_object_list(shared, src=0)
+        message = shared[0]
+    if message is not None:
+        raise CheckpointError(message)
+
+
+def _save_failure(error: BaseException, root: str | os.PathLike, needed: int) -> BaseException:
+    """What a failed save raises: the interruption itself (SIGTERM, Ctrl-C), one line for a full disk or
+    an unwritable directory, any other error as it is (a bug keeps its traceback)."""
+    if isinstance(error, CheckpointException):
+        # DCP catches everything its ranks raise, interruptions included, and gathers them.
+        causes = [failure[0] if isinstance(failure, tuple) else failure for failure in error.failures.values()]
+        error = next((c for c in causes if isinstance(c, (Interrupted, KeyboardInterrupt))),
+                     next((c for c in causes if isinstance(c, OSError)), error))
+    if is_disk_full(error):
+        return CheckpointError(no_space_message(root, needed) + "; the checkpoints already there are kept")
+    if isinstance(error, OSError):
+        return CheckpointError(f"cannot write a checkpoint into {root}: {_one_line(error)}")
+    return error
 
 
 def check_load_path(root: str | os.PathLike | None, save: str | os.PathLike | None = None) -> None:
@@ -198,20 +273,66 @@ def check_load_path(root: str | os.PathLike | None, save: str | os.PathLike | No
 def latest_iteration(root: str | os.PathLike) -> int | None:
     """The iteration the pointer file names, or None when ``root`` holds no checkpoint.
 
+    Without a pointer file, the latest complete ``iter_XXXXXXX`` directory (`is_complete`) is the one, and a
+    warning says so (a run that lost its pointer must not restart from scratch and save over itself).
+
     Raises:
-        CheckpointError: the pointer is unreadable or names a missing checkpoint.
+        CheckpointError: the pointer is unreadable (a symlink loop, a dangling link, a directory), does
+            not hold an iteration number, or names a missing checkpoint; there is no pointer and no
+            complete iteration directory among several.
     """
     pointer = Path(root) / LATEST_FILE
-    if not pointer.exists():
-        return None
-    text = pointer.read_text().strip()
+    if not os.path.lexists(pointer):
+        return _latest_complete_iteration(root)
+    hint = f"remove it to resume from the latest complete iteration directory of {root}"
+    try:
+        text = pointer.read_text(encoding="ascii").strip()
+    except OSError as error:
+        raise CheckpointError(f"{pointer}: unreadable pointer file ({error.strerror}): {hint}") from None
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{pointer}: not an iteration number (binary content): {hint}") from None
     if not text.isdigit():
-        raise CheckpointError(f"{pointer}: expected an iteration number, found {text!r}")
+        raise CheckpointError(f"{pointer}: expected an iteration number, found {text[:_SHOWN_CHARS]!r}: {hint}")
     iteration = int(text)
     if not (checkpoint_dir(root, iteration) / METADATA_FILE).exists():
         raise CheckpointError(f"{pointer} names iteration {iteration} but {checkpoint_dir(root, iteration)} "
                               "is missing or incomplete")
     return iteration
+
+
+def is_complete(directory: Path) -> bool:
+    """True for an iteration directory that holds its ``.metadata`` and, when it has a manifest (or was written
+    with one), every file the manifest lists at its listed size (the bytes are checked when it is loaded)."""
+    if not (directory / METADATA_FILE).is_file():
+        return False
+    try:
+        manifest = read_manifest(directory)
+    except CheckpointError:
+        return False
+    if manifest is None:
+        return not (directory / MANIFESTED_FILE).exists()
+    return has_listed_sizes(directory, manifest[0])
+
+
+def _latest_complete_iteration(root: str | os.PathLike) -> int | None:
+    """The latest complete iteration directory of a root without a pointer file (None: no iteration at all).
+
+    Raises:
+        CheckpointError: there are iteration directories, none of them complete.
+    """
+    root = Path(root)
+    iterations = sorted((int(m.group(1)) for m in map(ITERATION_DIR.match, os.listdir(root)) if m), reverse=True) \
+        if root.is_dir() else []
+    for iteration in iterations:
+        if is_complete(checkpoint_dir(root, iteration)):
+            if _is_rank0():
+                logger.warning("%s has no %s: using %s, its latest complete iteration directory", root, LATEST_FILE,
+                               checkpoint_dir(root, iteration))
+            return iteration
+    if iterations:
+        raise CheckpointError(f"{root} has no {LATEST_FILE} and none of its {len(iterations)} iteration directories "
+                              f"is complete (the latest: {checkpoint_dir(root, iterations[0])})")
+    return None
 
 
 def is_model_only_checkpoint(root: str | os.PathLike, iteration: int, verify: bool = True) -> bool:
@@ -227,7 +348,7 @@ def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:
         CheckpointError: ``path`` holds no checkpoint.
     """
     path = Path(path)
-    match = _ITERATION_DIR.match(path.name)
+    match = ITERATION_DIR.match(path.name)
     if match and (path / METADATA_FILE).is_file():
         return path.parent, int(match.group(1))
     iteration = latest_iteration(path)
@@ -272,10 +393,13 @@ def load_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, to
             (another model shape).
     """
     path = checkpoint_dir(root, iteration)
+    manifest = None
     if verify:
         # .metadata is checked when it is read (`SafeFileSystemReader`); the ranks share the tensor files.
         manifest = read_manifest(path)
         verify_files(path, sorted(set(manifest[0]) - {METADATA_FILE}) if manifest else None, shared=True)
+    if _is_rank0():
+        _warn_about_unknown_files(path, set(manifest[0]) if manifest else None)
     reader = SafeFileSystemReader(path, verify=verify)
     saved = reader.read_metadata().state_dict_metadata
     if model_names is not None:
@@ -316,6 +440,16 @@ def load_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, to
                     resized[name].shape[0], state[name].shape[0])
     logger.info("loaded checkpoint %s", path)
     return set(to_load)
+
+
+def _warn_about_unknown_files(directory: Path, listed: set[str] | None) -> None:
+    """A warning naming each file of a checkpoint directory that is not part of it: not in its manifest
+    (``listed``), or, unverified, not one DCP writes."""
+    own = {METADATA_FILE, MANIFEST_FILE, MANIFESTED_FILE}
+    for path in sorted(directory.iterdir()):
+        known = path.name in listed if listed is not None else path.name.endswith(_SHARD_SUFFIX)
+        if path.name not in own and not known:
+            logger.warning("%s: not part of the checkpoint (ignored)", path)
 
 
 def _copy_rows(target: torch.Tensor, rows: torch.Tensor) -> None:

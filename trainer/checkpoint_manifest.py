@@ -15,48 +15,33 @@ too): the restricted unpickler of `trainer.checkpoint` is what keeps a crafted c
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch.distributed as dist
 
+from indexed_dataset.checksums import ALGORITHM, BLOCK_BYTES, block_digests, file_blocks
+from indexed_dataset.path_rules import file_inside
+from indexed_dataset.structured_files import read_json_file
 from trainer.errors import CheckpointError
 
 logger = logging.getLogger(__name__)
 
 MANIFEST_FILE = "manifest.json"
-MANIFEST_ALGORITHM = "sha256"
-# Files are hashed in blocks of this many bytes, read in pieces of READ_BYTES (memory stays flat), up to
-# MAX_HASH_THREADS blocks at once per process.
-BLOCK_BYTES = 64 << 20
-READ_BYTES = 8 << 20
-MAX_HASH_THREADS = 8
+# Written into every checkpoint directory before its manifest (and so listed in it): says that the directory
+# was saved with a manifest, so that a lost manifest is an error, while a checkpoint from before manifests
+# existed (which has neither file) still loads, unverified, with a warning.
+MANIFESTED_FILE = "tokenmill_checkpoint.json"
+MANIFEST_ALGORITHM = ALGORITHM
+# Files are hashed in blocks of BLOCK_BYTES, read in pieces of READ_BYTES (memory stays flat), up to
+# MAX_HASH_THREADS blocks at once per process: the block hashing is the datasets' (`indexed_dataset.checksums`),
+# one implementation for both manifests; the names are re-exported here.
 TEMP_SUFFIX = ".tmp"
 
 Block = tuple[str, int]
 """(file name, block index)."""
-
-
-def _block_digest(directory: Path, block: Block, block_bytes: int) -> str:
-    """The hex SHA-256 of one block of a file."""
-    name, index = block
-    digest = hashlib.new(MANIFEST_ALGORITHM)
-    with open(directory / name, "rb") as f:
-        f.seek(index * block_bytes)
-        left = block_bytes
-        while left > 0 and (piece := f.read(min(READ_BYTES, left))):
-            digest.update(piece)
-            left -= len(piece)
-    return digest.hexdigest()
-
-
-def _blocks(sizes: dict[str, int], block_bytes: int) -> list[Block]:
-    """Every block of files of these sizes (an empty file has one, empty, block)."""
-    return [(name, index) for name, size in sorted(sizes.items()) for index in range(max(1, -(-size // block_bytes)))]
 
 
 def _rank_and_world() -> tuple[int, int]:
@@ -69,10 +54,7 @@ def _digests(directory: Path, blocks: list[Block], block_bytes: int, shared: boo
     """Digests of ``blocks``, hashed by this process's threads; with ``shared`` (collective when
     distributed) this rank hashes every world-th block and every rank then receives all of them."""
     rank, world = _rank_and_world() if shared else (0, 1)
-    mine = blocks[rank::world]
-    threads = max(1, min(len(mine), os.cpu_count() or 1, MAX_HASH_THREADS))
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        digests = dict(zip(mine, pool.map(lambda block: _block_digest(directory, block, block_bytes), mine)))
+    digests = block_digests(directory, blocks[rank::world], block_bytes)
     if world > 1:
         gathered: list[dict[Block, str] | None] = [None] * world
         dist.all_gather_object(gathered, digests)
@@ -84,10 +66,10 @@ def write_manifest(directory: Path, is_writer: bool = True) -> None:
     """Hash every file of ``directory`` and write ``manifest.json`` (collective when distributed: every rank
     hashes a share; ``is_writer`` says which rank writes the file)."""
     sizes = {p.name: p.stat().st_size for p in directory.iterdir() if p.is_file() and p.name != MANIFEST_FILE}
-    digests = _digests(directory, _blocks(sizes, BLOCK_BYTES), BLOCK_BYTES, shared=True)
+    digests = _digests(directory, file_blocks(sizes, BLOCK_BYTES), BLOCK_BYTES, shared=True)
     if not is_writer:
         return
-    files = {name: {"bytes": size, MANIFEST_ALGORITHM: [digests[block] for block in _blocks({name: size}, BLOCK_BYTES)]}
+    files = {name: {"bytes": size, MANIFEST_ALGORITHM: [digests[block] for block in file_blocks({name: size}, BLOCK_BYTES)]}
              for name, size in sorted(sizes.items())}
     temp = directory / (MANIFEST_FILE + TEMP_SUFFIX)
     temp.write_text(json.dumps({"algorithm": MANIFEST_ALGORITHM, "block_bytes": BLOCK_BYTES, "files": files},
@@ -95,19 +77,32 @@ def write_manifest(directory: Path, is_writer: bool = True) -> None:
     os.replace(temp, directory / MANIFEST_FILE)
 
 
+def mark_manifested(directory: Path) -> None:
+    """Write `MANIFESTED_FILE` into a checkpoint directory (before `write_manifest`; one rank)."""
+    (directory / MANIFESTED_FILE).write_text(json.dumps({"manifest": MANIFEST_FILE}) + "\n", encoding="utf-8")
+
+
+def has_listed_sizes(directory: Path, files: dict[str, dict]) -> bool:
+    """True when every file of a manifest's ``files`` is in ``directory`` at its listed size (no hashing)."""
+    try:
+        return all((directory / name).stat().st_size == entry["bytes"] for name, entry in files.items())
+    except OSError:
+        return False
+
+
 def read_manifest(directory: Path) -> tuple[dict[str, dict], int] | None:
     """The manifest's files (``{name: {"bytes": n, "sha256": [hex per block]}}``) and its block size, or None
     for a checkpoint saved without one.
 
     Raises:
-        CheckpointError: the manifest is damaged.
+        CheckpointError: the manifest is damaged, or names a file outside ``directory``.
     """
     path = directory / MANIFEST_FILE
     try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
+        manifest = read_json_file(path, error=CheckpointError)
     except FileNotFoundError:
         return None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except OSError as error:
         raise CheckpointError(f"{path}: unreadable manifest ({error})") from None
     files = manifest.get("files") if isinstance(manifest, dict) else None
     block_bytes = manifest.get("block_bytes") if isinstance(manifest, dict) else None
@@ -115,6 +110,8 @@ def read_manifest(directory: Path) -> tuple[dict[str, dict], int] | None:
             or not isinstance(block_bytes, int) or block_bytes <= 0
             or not all(_is_entry(entry, block_bytes) for entry in files.values())):
         raise CheckpointError(f"{path}: not a tokenmill checkpoint manifest")
+    for name in files:
+        file_inside(directory, name, path, entry=f"files[{name!r}]", error=CheckpointError)
     return files, block_bytes
 
 
@@ -133,9 +130,14 @@ def verify_files(directory: Path, names: list[str] | None = None, shared: bool =
     With ``shared`` (collective when distributed), the ranks hash a share of the blocks each.
 
     Raises:
-        CheckpointError: a file is missing, has another size, or other bytes than at save.
+        CheckpointError: a file is missing, has another size, or other bytes than at save; the manifest
+            itself is missing from a checkpoint saved with one.
     """
     manifest = read_manifest(directory)
+    if manifest is None and (directory / MANIFESTED_FILE).exists():
+        raise CheckpointError(f"{directory / MANIFEST_FILE}: missing, but {directory / MANIFESTED_FILE} says the "
+                              "checkpoint was saved with one, so its files cannot be verified; pass --no-verify "
+                              "to load it anyway")
     if manifest is None:
         logger.warning("%s has no %s (saved by an older tokenmill): its files are not verified", directory,
                        MANIFEST_FILE)
@@ -153,7 +155,7 @@ def verify_files(directory: Path, names: list[str] | None = None, shared: bool =
         if size != entry["bytes"]:
             raise CheckpointError(f"{path}: {size} bytes, but {entry['bytes']} were saved (truncated or replaced)")
     sizes = {name: files[name]["bytes"] for name in names}
-    blocks = _blocks(sizes, block_bytes)
+    blocks = file_blocks(sizes, block_bytes)
     digests = _digests(directory, blocks, block_bytes, shared)
     for name, index in blocks:
         if digests[(name, index)] != files[name][MANIFEST_ALGORITHM][index]:

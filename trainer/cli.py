@@ -38,7 +38,7 @@ from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.config import TOKENIZER_FILE_FIELDS
 from trainer.cli_args import build_parser, config_from_args, environment_defaults, option_name
 from trainer.cli_flags import flags_in_message
-from trainer.config import TrainConfig
+from trainer.config import CheckpointConfig, PrecisionConfig, TrainConfig
 from trainer.config_file import argv_with_config_file
 from trainer.data import check_data_files
 from trainer.distributed import launch, under_launcher
@@ -128,6 +128,7 @@ def _parser_for(argv: list[str] | None) -> argparse.ArgumentParser:
     parser = build_parser()
     parser.set_defaults(**environment_defaults())
     known, _ = parser.parse_known_args(argv)
+    CheckpointConfig(load=known.load, load_hf=known.load_hf)  # its rules (one source of weights) before either is read
     sections = {}
     if known.load_hf is not None:
         sections = spec_for_hf_directory(known.load_hf).hf_train_defaults(known.load_hf)
@@ -170,7 +171,9 @@ def _main(argv: list[str] | None) -> int:
     rank = int(os.environ.get("RANK", "0"))
     _setup_logging(rank)
     if rank == 0:
-        _warn_about(config)
+        _warn_about(config, args)
+        for line in checkpoint_overrides(argv, args):
+            logger.warning("%s", line)
     num_processes = config.launch.num_gpus_per_node * config.launch.num_nodes
     if num_processes == 1 or under_launcher():
         return _run(config)
@@ -205,6 +208,18 @@ def given_fields(argv: list[str]) -> set[str]:
     return set(vars(known))
 
 
+def checkpoint_overrides(argv: list[str], args: argparse.Namespace) -> list[str]:
+    """One line for each flag of ``argv`` whose value differs from the checkpoint ``--load`` names: ``--load``
+    takes every model setting (sequence lengths included) from the checkpoint, so only a flag the user gives
+    contradicts it, and says so."""
+    if args.load is None or args.load_hf is not None:
+        return []
+    given = given_fields(argv)
+    return [f"warning: {option_name(name)} {getattr(args, name)} overrides the checkpoint's {value} ({args.load})"
+            for values in checkpoint_train_defaults(args.load).values() for name, value in values.items()
+            if name in given and getattr(args, name) != value]
+
+
 def refuse_unused_flags(argv: list[str], model: str) -> None:
     """Refuse the flags of ``argv`` that family ``model`` never reads (`ModelSpec.unused_fields`): a run that
     ignored them would not be the run the user asked for.
@@ -219,8 +234,35 @@ def refuse_unused_flags(argv: list[str], model: str) -> None:
         raise TrainConfigError(f"{', '.join(unused)} {verb} not apply to model {model}")
 
 
-def _warn_about(config: TrainConfig) -> None:
-    """Settings that are valid but probably not what was meant: one warning line each."""
+# fp16's dynamic loss-scaling settings, which a static --loss-scale makes moot (Megatron's ConstantGradScaler).
+DYNAMIC_SCALE_FIELDS = ("initial_loss_scale", "min_loss_scale", "loss_scale_window", "hysteresis")
+
+
+def _warn_about(config: TrainConfig, args: argparse.Namespace) -> None:
+    """Settings that are valid but probably not what was meant, and settings Megatron accepts and gives a
+    meaning other than their words (``args``: the flags as given, before the config adjusts them): one
+    warning line each."""
+    if args.sequence_parallel and args.tensor_model_parallel_size == 1:
+        logger.warning("warning: --sequence-parallel has no effect without tensor parallelism "
+                       "(--tensor-model-parallel-size 1): turned off, as Megatron does")
+    if args.pipeline_model_parallel_size == 0:
+        logger.warning("warning: --pipeline-model-parallel-size 0 means 1 (no pipeline), as CPM-Pretrain's "
+                       "--pipe-parallel-size 0")
+    parallelism = config.parallelism
+    if parallelism.use_distributed_optimizer and parallelism.zero_stage > 1:
+        logger.warning("warning: --use-distributed-optimizer (ZeRO stage 1) is part of --zero-stage %d: stage %d runs",
+                       parallelism.zero_stage, parallelism.zero_stage)
+    precision = config.precision
+    if precision.loss_scale is not None:
+        defaults = PrecisionConfig()
+        moot = [option_name(name) for name in DYNAMIC_SCALE_FIELDS
+                if getattr(precision, name) != getattr(defaults, name)]
+        if moot:
+            logger.warning("warning: --loss-scale %g is a static scale, so %s %s no effect (Megatron's rule)",
+                           precision.loss_scale, ", ".join(moot), "has" if len(moot) == 1 else "have")
+        if precision.bf16:
+            logger.warning("warning: --loss-scale %g with --bf16 multiplies the loss by a constant, as Megatron does "
+                           "(bf16 needs no loss scaling)", precision.loss_scale)
     if config.logging.eval_iters > 0 and config.data.split_is_empty("valid"):
         cause = (f"--split {config.data.split} gives the valid split no data" if config.data.split is not None
                  else "no --valid-data-path is given")

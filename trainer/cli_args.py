@@ -2,7 +2,8 @@
 
 Every field ``foo_bar`` of a section becomes ``--foo-bar`` (plus the aliases given with
 `trainer.config.flag`); its help text is the docstring written under the field, followed by the
-field's valid range and the environment variables that give its default. Booleans are switches,
+field's valid range and the environment variables that give its default. Floats are finite
+(`finite_float`: ``inf`` and ``nan`` are refused), booleans are switches,
 ``list`` fields take one or more values, ``X | None`` fields default to None. ``--config FILE.yaml``
 (`trainer.config_file`) reads flags from a file.
 """
@@ -19,7 +20,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_parser import CommandParser, finite_float
 from trainer.config import TrainConfig
 from trainer.config_file import CONFIG_FLAG
 from trainer.errors import TrainConfigError
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             if typing.get_origin(kind) is list:
                 kind = typing.get_args(kind)[0]
+            if kind is float:
+                kind = finite_float
             group.add_argument(*names, type=kind, nargs=f.metadata.get("nargs"),
                                choices=f.metadata.get("choices"), **kwargs)
     return parser

@@ -6,8 +6,9 @@ import argparse
 import re
 
 # snake_case words with at least one underscore; one-word fields are ordinary English words in messages
-# unless quoted as `dataset`.
-_FIELD = re.compile(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b")
+# unless quoted as `dataset`. A key of a file (``model_config.json: shape.num_layers=0``: after a dot or
+# before an equals sign) is the file's, not a flag the user typed.
+_FIELD = re.compile(r"(?<![.\w])[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b(?!=)")
 _QUOTED_FIELD = re.compile(r"`([a-z][a-z0-9_]*)`")
 
 

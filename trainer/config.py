@@ -18,14 +18,18 @@ Example:
 from __future__ import annotations
 
 import importlib.util
+import math
 import re
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Mapping
+from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
+from indexed_dataset.cli_parser import SEED_MAX
 from samplers.errors import BlendFormatError, SplitFormatError
 from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
 from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_blend, parse_split
-from trainer.errors import TrainConfigError
+from trainer.errors import ModelFileError, TrainConfigError
+from trainer.lr_schedule import LR_DECAY_STYLES, LR_WSD_DECAY_STYLES, WD_INCR_STYLES, ParamScheduler, count_text
 from trainer.models import FAMILIES
 
 MODEL_KINDS = tuple(FAMILIES)
@@ -33,6 +37,8 @@ MODEL_KINDS = tuple(FAMILIES)
 FEED_FORWARD_KINDS = ("relu", "gated-gelu")
 # Megatron's default: the loss scale starts at 2**32 and halves on every overflow until it fits.
 DEFAULT_INITIAL_LOSS_SCALE = 2.0**32
+# Steps of a run that gives neither train_iters nor train_samples.
+DEFAULT_TRAIN_ITERS = 100
 # Megatron's --make-vocab-size-divisible-by default.
 DEFAULT_DIVISIBLE_BY = 128
 
@@ -72,8 +78,7 @@ NON_NEGATIVE = Range(0)
 PROBABILITY = Range(0, 1, high_open=True)
 """Dropouts and Adam's betas: 1 would drop everything / never forget."""
 FRACTION = Range(0, 1)
-# numpy's and torch's seeds are unsigned 32-bit (np.random.seed refuses 2**32 and negatives).
-SEED_RANGE = Range(0, 2**32 - 1)
+SEED_RANGE = Range(0, SEED_MAX)
 # 0 = any free port (single node only, checked in LaunchConfig).
 PORT_RANGE = Range(0, 65535)
 # Seconds a node waits at start-up for the others: Megatron's --distributed-timeout-minutes default.
@@ -81,25 +86,106 @@ DEFAULT_DIST_TIMEOUT_S = 600
 
 
 def flag(default: Any = None, *aliases: str, choices: tuple[str, ...] | None = None, nargs: str | None = None,
-         valid: Range | None = None, env: tuple[str, ...] = ()) -> Any:
+         valid: Range | None = None, env: tuple[str, ...] = (),
+         grammar: Callable[[Any], str | None] | None = None) -> Any:
     """A dataclass field with extra command-line spellings (``--lr`` also as ``--learning-rate``), its valid
-    range (numbers) and the environment variables that give the ``train`` flag's default (first set wins)."""
-    metadata = {"aliases": aliases, "choices": choices, "nargs": nargs, "valid": valid, "env": env}
+    range (numbers), the environment variables that give the ``train`` flag's default (first set wins), and
+    the check of a string value's grammar (returns the problem, or None; its section runs it too)."""
+    metadata = {"aliases": aliases, "choices": choices, "nargs": nargs, "valid": valid, "env": env, "grammar": grammar}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
 
 
 def check_ranges(section: object) -> None:
-    """Check every field of ``section`` that declares a valid `Range`.
+    """Check every field of ``section``: a float is finite, a value is within its declared valid `Range` and
+    among its declared choices (what the flags check, for configs built in Python or by other commands).
 
     Raises:
-        TrainConfigError: the first value outside its range, naming the field.
+        TrainConfigError: the first value that is not, naming the field.
     """
     for f in fields(section):
-        valid, value = f.metadata.get("valid"), getattr(section, f.name)
-        if valid is not None and value is not None and value not in valid:
-            raise TrainConfigError(f"`{f.name}` must be {valid}, got {value}")
+        problem = _field_problem(f, getattr(section, f.name))
+        if problem is not None:
+            raise TrainConfigError(f"`{f.name}` {problem}")
+
+
+def _field_problem(f: Field, value: Any) -> str | None:
+    """What is wrong with ``value`` (of the field's type) for field ``f`` on its own, or None."""
+    valid, choices = f.metadata.get("valid"), f.metadata.get("choices")
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be a finite number, got {value}"
+    if valid is not None and value is not None and value not in valid:
+        return f"must be {valid}, got {value}"
+    if choices is not None and value is not None and value not in choices:
+        return f"must be one of {', '.join(choices)}, got {value!r}"
+    return None
+
+
+def train_field_problem(name: str, value: Any) -> str | None:
+    """What is wrong with ``value`` (already of the field's type) for the `TrainConfig` field ``name`` on its
+    own (its range, choices and grammar): for a value a file gives, which the command line may override."""
+    for section in fields(TrainConfig):
+        for f in fields(section.default_factory):
+            if f.name == name:
+                grammar = f.metadata.get("grammar")
+                return _field_problem(f, value) or (grammar(value) if grammar and value is not None else None)
+    return None
+
+
+def split_problem(split: str) -> str | None:
+    """What is wrong with a ``split`` string ("969,30,1"), or None."""
+    # Megatron reads the numbers with [.0-9]+, so "-1,50,51" would silently mean 1,50,51.
+    if re.search(r"-\s*[.0-9]", split):
+        return f"`split` entries must be >= 0 with a positive sum, got {split!r}"
+    try:
+        parse_split(split)
+    except SplitFormatError as error:
+        return str(error)
+    return None
+
+
+def check_file_values(values: Mapping[str, Any], section: type, source: str, prefix: str = "",
+                      spellings: Mapping[str, str] | None = None) -> None:
+    """Check the values a file gives (a checkpoint's model_config.json, a HF config.json) against the type
+    and valid `Range` that ``section``'s field of the same meaning declares: the checks the flags get,
+    reported as the file's key (``run/model_config.json: shape.num_layers=-2: must be >= 1``), not as a flag
+    the user never typed.
+
+    Args:
+        values: key -> value as read from the file.
+        section: the config dataclass whose fields declare the types and ranges (`ModelConfig`, `MoEConfig`).
+        source: the file, first in every message.
+        prefix: where the keys sit in the file (``"shape."``).
+        spellings: file key -> field name where they differ (GPT-2's ``n_embd`` -> ``hidden_size``); a key
+            that is neither a field nor spelled here is left to the caller.
+
+    Raises:
+        ModelFileError: the first value of the wrong type or outside its range.
+    """
+    declared = {f.name: f for f in fields(section)}
+    for key, value in values.items():
+        declared_field = declared.get((spellings or {}).get(key, key))
+        problem = None if declared_field is None else _value_problem(value, declared_field)
+        if problem is not None:
+            raise ModelFileError(f"{source}: {prefix}{key}={value!r}: {problem}")
+
+
+def _value_problem(value: Any, f: Field) -> str | None:
+    """What is wrong with a file's ``value`` for field ``f``: its type (annotated ``"int | None"``, say; a file,
+    unlike a flag, can hold any JSON type), then what `_field_problem` checks; None when nothing is."""
+    annotation = str(f.type)
+    if value is None:
+        return None if "None" in annotation else "must be given"
+    if annotation.startswith("bool"):
+        return None if isinstance(value, bool) else "must be true or false"
+    if annotation.startswith("int") and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be an integer"
+    if annotation.startswith("float") and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        return "must be a number"
+    if annotation.startswith("str") and not isinstance(value, str):
+        return "must be a string"
+    return _field_problem(f, value)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -168,7 +254,7 @@ class DataConfig:
     """Blend of the valid split alone, used whole (none: no validation)."""
     test_data_path: list[str] | None = flag(None, nargs="+")
     """Blend of the test split alone, used whole (none: no test evaluation)."""
-    split: str | None = None
+    split: str | None = flag(None, grammar=split_problem)
     """Train,valid,test proportions of the sequences of --data-path/--dataset; default 969,30,1 (Megatron's)."""
     data_cache_path: str | None = None
     """Directory for the sample index caches; default beside the data."""
@@ -191,13 +277,9 @@ class DataConfig:
             return
         # Megatron's default split, filled in here so that a split given with per-split paths can be refused.
         self.split = DEFAULT_SPLIT if self.split is None else self.split
-        # Megatron reads the numbers with [.0-9]+, so "-1,50,51" would silently mean 1,50,51.
-        if re.search(r"-\s*[.0-9]", self.split):
-            raise TrainConfigError(f"`split` entries must be >= 0 with a positive sum, got {self.split!r}")
-        try:
-            parse_split(self.split)
-        except SplitFormatError as error:
-            raise TrainConfigError(str(error)) from None
+        problem = split_problem(self.split)
+        if problem is not None:
+            raise TrainConfigError(problem)
 
     def _check_per_split_paths(self) -> bool:
         """True when the run gives per-split data paths (Megatron's --train-data-path ...), after checking them.
@@ -281,8 +363,15 @@ class TrainingConfig:
     num_accumulation_steps: int | None = flag(None, "--gas", valid=AT_LEAST_ONE)
     """Micro-batches per step per rank (CPM-Pretrain: --gas); derived from the global batch (accepted if
     consistent)."""
-    train_iters: int = flag(100, valid=AT_LEAST_ONE)
-    """Optimiser steps to train for."""
+    train_iters: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Optimiser steps to train for; default 100, or what --train-samples makes (Megatron's: one of the two)."""
+    train_samples: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Samples to train for, instead of train_iters (needs global_batch_size; the steps are the whole global
+    batches): the lr_*_samples flags then size the learning-rate schedule."""
+    rampup_batch_size: list[int] | None = flag(None, nargs=3)
+    """Megatron's START INCR SAMPLES batch-size ramp: refused, a changing global batch is not supported yet."""
+    step_batch_size_schedule: str | None = flag(None)
+    """Megatron's THRESHOLD:BS batch-size schedule: refused, a changing global batch is not supported yet."""
     device: str | None = flag(None, choices=("cpu", "cuda"))
     """Device kind; default cuda when available."""
     checkpoint_activations: bool = False
@@ -295,6 +384,27 @@ class TrainingConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        for name in ("rampup_batch_size", "step_batch_size_schedule"):
+            if getattr(self, name) is not None:
+                # The schedules' math is `trainer.batch_size_schedule`; the step loop and the data order do not
+                # yet change the number of micro-batches between steps.
+                raise TrainConfigError(f"{name}: a global batch that changes during the run is not supported by "
+                                       "train yet")
+        if self.train_samples is None:
+            if self.train_iters is None:
+                self.train_iters = DEFAULT_TRAIN_ITERS
+            return
+        if self.global_batch_size is None:
+            raise TrainConfigError("train_samples needs global_batch_size (the steps it makes are "
+                                   "train_samples // global_batch_size)")
+        # Megatron's `update_train_iters`: whole batches only.
+        iterations = self.train_samples // self.global_batch_size
+        if iterations < 1:
+            raise TrainConfigError(f"train_samples ({self.train_samples}) is less than one global batch "
+                                   f"({self.global_batch_size})")
+        if self.train_iters is not None and self.train_iters != iterations:
+            raise TrainConfigError("give either train_iters or train_samples, not both")
+        self.train_iters = iterations
 
 
 @dataclass(kw_only=True, slots=True)
@@ -320,28 +430,64 @@ class PrecisionConfig:
         if self.bf16 and self.fp16:
             raise TrainConfigError("bf16 and fp16 are mutually exclusive")
         check_ranges(self)
+        # Megatron's rules: a static scale applies with fp16 or bf16 (its ConstantGradScaler); fp32 would ignore
+        # it. Its DynamicGradScaler asserts min_scale <= initial_scale.
+        if self.loss_scale is not None and not (self.fp16 or self.bf16):
+            raise TrainConfigError(f"loss_scale ({_number(self.loss_scale)}) applies with fp16 or bf16 only; "
+                                   "fp32 trains unscaled")
+        if self.fp16 and self.loss_scale is None and self.min_loss_scale > self.initial_loss_scale:
+            raise TrainConfigError(f"min_loss_scale ({_number(self.min_loss_scale)}) is above initial_loss_scale "
+                                   f"({_number(self.initial_loss_scale)})")
 
 
 @dataclass(kw_only=True, slots=True)
 class OptimizerConfig:
     """AdamW and the learning-rate schedule."""
 
-    optimizer: str = flag("adamw", choices=("adamw",))
-    """Optimiser (biases and norms get no weight decay)."""
+    optimizer: str = flag("adamw", choices=("adamw", "adam"))
+    """Optimiser (biases and norms get no weight decay); adam is Megatron's spelling of the same AdamW (its
+    decoupled weight decay)."""
     lr: float = flag(1e-4, "--learning-rate", valid=POSITIVE)
     """Peak learning rate."""
     min_lr: float = flag(0.0, valid=NON_NEGATIVE)
     """Learning rate at the end of the decay (at most lr)."""
-    lr_decay_style: str = flag("cosine", choices=("constant", "linear", "cosine"))
-    """Shape of the decay after warm-up."""
+    lr_decay_style: str = flag("linear", choices=LR_DECAY_STYLES)
+    """Shape of the decay after warm-up (Megatron's default: linear)."""
+    lr_wsd_decay_style: str = flag("exponential", choices=LR_WSD_DECAY_STYLES)
+    """WSD: shape of the annealing at the end of the decay."""
     lr_decay_iters: int | None = flag(None, valid=AT_LEAST_ONE)
     """Steps over which the lr decays; default train_iters."""
+    lr_decay_samples: int | None = flag(None, valid=AT_LEAST_ONE)
+    """With train_samples: samples over which the lr decays; default train_samples."""
+    lr_wsd_decay_iters: int | None = flag(None, valid=AT_LEAST_ONE)
+    """WSD: steps of the annealing (the last of the decay)."""
+    lr_wsd_decay_samples: int | None = flag(None, valid=AT_LEAST_ONE)
+    """WSD with train_samples: samples of the annealing."""
     lr_warmup_iters: int = flag(0, valid=NON_NEGATIVE)
     """Linear warm-up steps (fewer than the decay steps, as Megatron asserts)."""
+    lr_warmup_samples: int = flag(0, valid=NON_NEGATIVE)
+    """With train_samples: linear warm-up samples."""
     lr_warmup_fraction: float | None = flag(None, "--warmup", valid=FRACTION)
-    """Warm-up as a fraction of lr_decay_iters, instead of lr_warmup_iters (CPM-Pretrain: --warmup)."""
+    """Warm-up as a fraction of the decay's samples (not rounded to steps), instead of lr_warmup_iters/samples
+    (CPM-Pretrain: --warmup)."""
+    lr_warmup_init: float = flag(0.0, valid=NON_NEGATIVE)
+    """Learning rate of the first step; the warm-up rises from it to lr."""
     weight_decay: float = flag(0.01, valid=NON_NEGATIVE)
-    """AdamW decoupled weight decay."""
+    """AdamW decoupled weight decay (weight_decay_incr_style constant)."""
+    weight_decay_incr_style: str = flag("constant", choices=WD_INCR_STYLES)
+    """Weight decay from start_weight_decay to end_weight_decay over the run (linear, cosine)."""
+    start_weight_decay: float | None = flag(None, valid=NON_NEGATIVE)
+    """Weight decay of the first step (weight_decay_incr_style linear or cosine)."""
+    end_weight_decay: float | None = flag(None, valid=NON_NEGATIVE)
+    """Weight decay at the end of the run (weight_decay_incr_style linear or cosine)."""
+    decoupled_lr: float | None = flag(None, valid=POSITIVE)
+    """Peak learning rate of the embedding and output layer (Megatron's); default lr."""
+    decoupled_min_lr: float | None = flag(None, valid=NON_NEGATIVE)
+    """Minimum learning rate of the embedding and output layer, with decoupled_lr; default min_lr."""
+    override_opt_param_scheduler: bool = flag(False, "--override-opt_param-scheduler")
+    """On resume, take the schedule's settings from these flags, not from the checkpoint."""
+    use_checkpoint_opt_param_scheduler: bool = flag(False, "--use-checkpoint-opt_param-scheduler")
+    """On resume, take the schedule's settings from the checkpoint, not from these flags."""
     adam_beta1: float = flag(0.9, valid=PROBABILITY)
     """AdamW beta1."""
     adam_beta2: float = flag(0.999, valid=PROBABILITY)
@@ -353,25 +499,85 @@ class OptimizerConfig:
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.lr_warmup_fraction is not None and self.lr_warmup_iters:
-            raise TrainConfigError("give either lr_warmup_iters or lr_warmup_fraction, not both")
+        if self.lr_warmup_fraction is not None and (self.lr_warmup_iters or self.lr_warmup_samples):
+            raise TrainConfigError("give either lr_warmup_fraction or lr_warmup_iters/lr_warmup_samples, not both")
         if self.min_lr > self.lr:
             raise TrainConfigError(f"min_lr ({self.min_lr}) is larger than lr ({self.lr})")
+        varying = self.weight_decay_incr_style != "constant"
+        given = (self.start_weight_decay is not None, self.end_weight_decay is not None)
+        if varying and not all(given):
+            raise TrainConfigError(f"weight_decay_incr_style {self.weight_decay_incr_style} needs "
+                                   "start_weight_decay and end_weight_decay")
+        if not varying and any(given):
+            raise TrainConfigError("start_weight_decay and end_weight_decay need weight_decay_incr_style linear "
+                                   "or cosine (constant uses weight_decay)")
+        if self.decoupled_min_lr is not None and self.decoupled_lr is None:
+            raise TrainConfigError("decoupled_min_lr needs decoupled_lr")
 
-    def schedule_iters(self, train_iters: int) -> tuple[int, int]:
-        """Warm-up and decay steps of a ``train_iters``-step run (Megatron's rule).
+    def scheduler(self, training: TrainingConfig, global_batch_size: int) -> ParamScheduler:
+        """The run's learning-rate schedule, as Megatron's `get_optimizer_param_scheduler` builds it: an
+        iteration-based run (train_iters) has its lengths in steps times ``global_batch_size`` samples, a
+        sample-based one (train_samples) in samples; a warm-up fraction is of the decay's samples, and weight
+        decay changes over the whole run.
 
         Raises:
-            TrainConfigError: the warm-up is not shorter than the decay (Megatron asserts the same).
+            TrainConfigError: a length of the other kind of run is given, or the lengths are inconsistent.
         """
-        decay_iters = self.lr_decay_iters or train_iters
-        warmup_iters = self.lr_warmup_iters
+        self.check_run_kind(training)
+        if training.train_samples is None:
+            decay_iters = self.lr_decay_iters if self.lr_decay_iters is not None else training.train_iters
+            lr_decay_steps = decay_iters * global_batch_size
+            wd_incr_steps = training.train_iters * global_batch_size
+            wsd_decay_steps = None if self.lr_wsd_decay_iters is None else self.lr_wsd_decay_iters * global_batch_size
+            lr_warmup_steps = self.lr_warmup_iters * global_batch_size
+        else:
+            lr_decay_steps = self.lr_decay_samples if self.lr_decay_samples is not None else training.train_samples
+            wd_incr_steps = training.train_samples
+            wsd_decay_steps = self.lr_wsd_decay_samples
+            lr_warmup_steps = self.lr_warmup_samples
         if self.lr_warmup_fraction is not None:
-            warmup_iters = int(self.lr_warmup_fraction * decay_iters)
-        if warmup_iters and warmup_iters >= decay_iters:
-            raise TrainConfigError(f"the warm-up ({warmup_iters} steps) must be shorter than the decay "
-                                   f"(lr_decay_iters, default train_iters: {decay_iters} steps)")
-        return warmup_iters, decay_iters
+            lr_warmup_steps = self.lr_warmup_fraction * lr_decay_steps
+        constant_wd = self.weight_decay_incr_style == "constant"
+        # The lengths no flag gave follow the run's length, also when a resumed run changes it.
+        decay_given = self.lr_decay_iters is not None or self.lr_decay_samples is not None
+        run_length_keys = {"wd_incr_steps"} | ({"lr_decay_steps"} if not decay_given else set()) | (
+            {"lr_warmup_steps"} if not decay_given and self.lr_warmup_fraction is not None else set())
+        return ParamScheduler(
+            init_lr=self.lr_warmup_init, max_lr=self.lr, min_lr=self.min_lr, lr_warmup_steps=lr_warmup_steps,
+            lr_decay_steps=lr_decay_steps, lr_decay_style=self.lr_decay_style,
+            start_wd=self.weight_decay if constant_wd else self.start_weight_decay,
+            end_wd=self.weight_decay if constant_wd else self.end_weight_decay,
+            wd_incr_steps=wd_incr_steps, wd_incr_style=self.weight_decay_incr_style, wsd_decay_steps=wsd_decay_steps,
+            lr_wsd_decay_style=self.lr_wsd_decay_style, use_checkpoint=self.use_checkpoint_opt_param_scheduler,
+            override=self.override_opt_param_scheduler, run_length_keys=frozenset(run_length_keys))
+
+    def check_run_kind(self, training: TrainingConfig) -> None:
+        """Megatron's rules: an iteration-based run takes the ``*_iters`` lengths, a sample-based run the
+        ``*_samples`` ones, WSD's length goes with WSD, and the warm-up is shorter than the decay.
+
+        Raises:
+            TrainConfigError: naming the length of the other kind, or the inconsistency.
+        """
+        by_samples = training.train_samples is not None
+        other = ("lr_decay_iters", "lr_warmup_iters", "lr_wsd_decay_iters") if by_samples \
+            else ("lr_decay_samples", "lr_warmup_samples", "lr_wsd_decay_samples")
+        for name in other:
+            if getattr(self, name):
+                kind = "train_samples (use the *_samples lengths)" if by_samples \
+                    else "train_iters (use the *_iters lengths, or give train_samples)"
+                raise TrainConfigError(f"{name} does not apply to a run sized by {kind}")
+        if self.lr_decay_style != "WSD" and (self.lr_wsd_decay_iters or self.lr_wsd_decay_samples):
+            raise TrainConfigError("lr_wsd_decay_iters/lr_wsd_decay_samples need lr_decay_style WSD")
+        if by_samples:
+            unit, length, decay_flag, warmup = "samples", "train_samples", "lr_decay_samples", self.lr_warmup_samples
+        else:
+            unit, length, decay_flag, warmup = "steps", "train_iters", "lr_decay_iters", self.lr_warmup_iters
+        decay = getattr(self, decay_flag) or getattr(training, length)
+        if self.lr_warmup_fraction is not None:
+            warmup = self.lr_warmup_fraction * decay
+        if warmup and warmup >= decay:
+            raise TrainConfigError(f"the warm-up ({count_text(warmup)} {unit}) must be shorter than the decay "
+                                   f"({decay_flag}, default {length}: {count_text(decay)} {unit})")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -406,6 +612,10 @@ class ParallelismConfig:
         check_ranges(self)
         # CPM-Pretrain's pp_size=0 means "no pipeline", as 1 does.
         self.pipeline_model_parallel_size = max(self.pipeline_model_parallel_size, 1)
+        # Megatron turns sequence parallelism off without tensor parallelism (its numerics would change for
+        # nothing); `train` says so in a warning.
+        if self.tensor_model_parallel_size == 1:
+            self.sequence_parallel = False
         if self.num_layers_per_virtual_pipeline_stage is not None and self.pipeline_schedule != "interleaved":
             raise TrainConfigError("num_layers_per_virtual_pipeline_stage needs pipeline_schedule interleaved")
         if self.use_distributed_optimizer:
@@ -460,9 +670,17 @@ class CheckpointConfig:
     """Save every this many steps (and at the end); default only at the end."""
     no_verify: bool = False
     """Load without checking the checkpoint's files against its manifest (checksums written at save)."""
+    overwrite_save: bool = False
+    """Start a fresh run in --save although it holds another run (checkpoints, metrics.jsonl) that this one does
+    not resume (--load elsewhere or none): that run's iterations, pointer, model_config.json, tokenizer files and
+    metrics.jsonl are deleted first (other files are kept). Without it such a --save is refused."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.load is not None and self.load_hf is not None:
+            # Megatron has one --load; which weights the run would start from is not for us to guess.
+            raise TrainConfigError("give `load` (a checkpoint to resume) or `load_hf` (a Hugging Face model to start "
+                                   "from), not both")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -580,6 +798,12 @@ class MoEConfig:
             raise TrainConfigError(f"moe_router_topk ({self.moe_router_topk}) exceeds num_experts ({self.num_experts})")
         if self.num_experts is None and self.expert_model_parallel_size > 1:
             raise TrainConfigError(f"expert_model_parallel_size ({self.expert_model_parallel_size}) needs num_experts")
+        if self.num_experts is None:
+            # The moe_* fields shape MoE layers only: a dense model would silently ignore them.
+            unused = [f.name for f in fields(self) if f.name.startswith("moe_") and getattr(self, f.name) != f.default]
+            if unused:
+                raise TrainConfigError(f"{', '.join(unused)} {'needs' if len(unused) == 1 else 'need'} num_experts "
+                                       "(a dense model has no MoE layers)")
         if self.moe_expert_capacity is not None and self.moe_expert_capacity_factor is not None:
             raise TrainConfigError(f"moe_expert_capacity ({self.moe_expert_capacity}) and moe_expert_capacity_factor "
                                    f"({self.moe_expert_capacity_factor}) exclude each other")
@@ -604,4 +828,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         # Rules across sections that need no world size (those that do: `trainer.parallel_dims`).
-        self.optimizer.schedule_iters(self.training.train_iters)
+        # The schedule's own rules (a warm-up shorter than the decay, ...). Any batch size gives the same verdict:
+        # an iteration-based run's lengths all scale with it.
+        self.optimizer.scheduler(self.training, self.training.global_batch_size or 1)
+        # Every stack (T5: encoder and decoder) counts its MoE layers from moe_layer_offset.
+        layers = max(self.model.num_layers, self.t5.decoder_num_layers or 0) if self.model.model == "t5" \
+            else self.model.num_layers
+        if self.moe.num_experts is not None and self.moe.moe_layer_offset >= layers:
+            raise TrainConfigError(f"moe_layer_offset ({self.moe.moe_layer_offset}) is past the last layer "
+                                   f"(num_layers {layers}): no layer would be a MoE layer")

@@ -8,8 +8,10 @@ A flat YAML mapping whose keys are ``train``'s flag names, with ``-`` or ``_`` (
     bf16: true
 
 The file becomes command-line words placed *before* the command line's own, so a flag given on the
-command line overrides the file (argparse keeps the last value). An unknown key, or a value the flag
-would refuse, is one line naming the file and the key.
+command line overrides the file (argparse keeps the last value). An unknown key, a value the flag or its
+field's range would refuse (checked even where the command line overrides it), or one flag set under two
+spellings (``num-layers`` and ``num_layers``, an alias) to different values, is one line naming the file and
+the key. A ``--deepspeed-config`` file's values get the same checks.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-import yaml
-
 from indexed_dataset.cli_parser import CommandParser, nearest_option
+from indexed_dataset.structured_files import read_yaml_file
+from trainer.config import train_field_problem
 from trainer.deepspeed_config import read_deepspeed_config
 from trainer.errors import TrainConfigError
 
@@ -49,17 +51,24 @@ def argv_with_config_file(argv: list[str], parser: argparse.ArgumentParser) -> l
     ``--deepspeed-config`` file (`trainer.deepspeed_config`); ``argv`` itself without either.
 
     Raises:
-        TrainConfigError: the file cannot be read, is not a YAML mapping, has an unknown key or a value
-            its flag refuses (a DeepSpeed file: a key without an equivalent).
+        TrainConfigError: the file cannot be read, is not a YAML mapping, has an unknown key, a value its flag
+            or its field's range refuses, or one flag under two spellings with different values (a DeepSpeed
+            file: a key without an equivalent, or a value its flag refuses).
     """
+    actions = {option: action for action in parser._actions for option in action.option_strings}
     deepspeed = deepspeed_config_of(argv)
     if deepspeed is not None:
-        argv = read_deepspeed_config(deepspeed) + argv
+        deepspeed_words = read_deepspeed_config(deepspeed)
+        for word in deepspeed_words:  # checked as the flags check them, even where the command line overrides
+            option, _, text = word.partition("=")
+            if text:
+                _check_value(deepspeed, option, actions[option], text)
+        argv = deepspeed_words + argv
     path = config_file_of(argv)
     if path is None:
         return argv
-    actions = {option: action for action in parser._actions for option in action.option_strings}
     words: list[str] = []
+    spellings: dict[str, tuple[str, Any]] = {}  # flag destination -> the first key that set it, and its value
     for key, value in _read_mapping(path).items():
         option = "--" + str(key).lstrip("-").replace("_", "-")
         action = actions.get(option)
@@ -67,6 +76,13 @@ def argv_with_config_file(argv: list[str], parser: argparse.ArgumentParser) -> l
             suggestion = nearest_option(option, actions)
             hint = f" (did you mean {suggestion.lstrip('-')}?)" if suggestion and suggestion != CONFIG_FLAG else ""
             raise TrainConfigError(f"{path}: unknown key {key!r}{hint}")
+        if action.dest in spellings:
+            first, first_value = spellings[action.dest]
+            if first_value != value:
+                raise TrainConfigError(f"{path}: {first}={first_value!r} and {key}={value!r} set one flag, "
+                                       f"{action.option_strings[0]}, to two values")
+            continue
+        spellings[action.dest] = (str(key), value)
         if value is not None:  # `key: null` leaves the flag's default
             words += _words(path, str(key), option, action, value)
     return words + argv
@@ -74,15 +90,9 @@ def argv_with_config_file(argv: list[str], parser: argparse.ArgumentParser) -> l
 
 def _read_mapping(path: str) -> dict[Any, Any]:
     try:
-        with open(path, encoding="utf-8") as file:
-            content = yaml.safe_load(file)
+        content = read_yaml_file(path, error=TrainConfigError)
     except OSError as error:
         raise TrainConfigError(f"{path}: cannot read the config file ({error.strerror})") from None
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        problem = getattr(error, "problem", None) or "malformed"
-        raise TrainConfigError(f"{path}: not valid YAML{where}: {problem}") from None
     if content is None:
         return {}
     if not isinstance(content, dict):
@@ -115,12 +125,18 @@ def _text(value: Any) -> str:
 
 
 def _check_value(path: str, key: str, action: argparse.Action, text: str) -> None:
+    """``text`` as the flag of ``action`` would check it (type, choices), then its field's valid range."""
     converted: Any = text
     if action.type is not None:
         try:
             converted = action.type(text)
-        except (TypeError, ValueError, argparse.ArgumentTypeError):
+        except argparse.ArgumentTypeError as error:
+            raise TrainConfigError(f"{path}: {key}: {error}") from None
+        except (TypeError, ValueError):
             kind = getattr(action.type, "__name__", "valid")
             raise TrainConfigError(f"{path}: {key}: invalid {kind} value {text!r}") from None
     if action.choices is not None and converted not in action.choices:
         raise TrainConfigError(f"{path}: {key}: {text!r} is not one of {', '.join(map(str, action.choices))}")
+    problem = train_field_problem(action.dest, converted) if action.nargs is None else None
+    if problem is not None:
+        raise TrainConfigError(f"{path}: {key}: {problem}")

@@ -1,9 +1,12 @@
-"""`convert-checkpoint`: Hugging Face GPT-2, T5 and mT5 directories <-> tokenmill checkpoints (local files only).
+"""`convert-checkpoint`: Hugging Face GPT-2, BERT, T5, mT5 and Switch Transformers directories <-> tokenmill
+checkpoints (local files only; the tokenizer travels with the weights, written in Hugging Face's form on export).
 
     # HF -> tokenmill (model only, iteration 0; train --load continues from it)
     convert-checkpoint --from-hf gpt2/ --to checkpoints/gpt2 [--tensor-model-parallel-size 2]
     convert-checkpoint --from-hf mt5-small/ --to checkpoints/mt5   # config.json model_type t5 or mt5
-    # tokenmill -> HF (loads with GPT2LMHeadModel / T5ForConditionalGeneration .from_pretrained)
+    convert-checkpoint --from-hf bert-base/ --to checkpoints/bert  # model_type bert; switch_transformers too
+    # tokenmill -> HF (loads with GPT2LMHeadModel / BertForPreTraining / T5ForConditionalGeneration
+    # .from_pretrained, and the tokenizer with AutoTokenizer.from_pretrained)
     convert-checkpoint --from checkpoints/run1 --to-hf gpt2-run1/
     convert-checkpoint --from checkpoints/t5-run --to-hf t5-run/     # a train --model t5 checkpoint
 """
@@ -28,7 +31,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog=PROG, description=__doc__)
     hf_in = parser.add_argument_group("import (HF -> tokenmill)")
     hf_in.add_argument("--from-hf", metavar="DIR",
-                       help="local HF GPT-2, T5 or mT5 directory (config.json + weights, tokenizer files copied)")
+                       help="local HF GPT-2, BERT, T5, mT5 or Switch Transformers directory (config.json + weights, "
+                            "tokenizer files copied)")
     hf_in.add_argument("--to", metavar="PATH", help="checkpoint root to create")
     hf_in.add_argument("--make-vocab-size-divisible-by", type=int, metavar="N",
                        help="pad the vocabulary as the train run will (default 128)")

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from indexed_dataset import TokenmillError, data_file_path, format_of, index_file_path
+from indexed_dataset.names import first_data_file
 from samplers import DataParallelSampler
 from samplers.errors import EmptySplitError
 from samplers.run_length import EVAL_ITERS_FLAG, RunLength
@@ -104,7 +105,9 @@ def check_data_files(data: DataConfig) -> None:
             is_mmap = format_of(prefix) == "mmap"
         except TokenmillError as error:
             raise TrainConfigError(f"dataset {error}") from None
-        for path in (data_file_path(prefix), index_file_path(prefix)) if is_mmap else (prefix,):
+        # A multi-shard MindRecord is named `x.mindrecord` (its files are `x.mindrecord0..N-1`).
+        files = (data_file_path(prefix), index_file_path(prefix)) if is_mmap else (first_data_file(prefix),)
+        for path in files:
             if not Path(path).exists():
                 raise TrainConfigError(f"dataset {prefix}: {path} not found")
 
@@ -169,11 +172,28 @@ def check_token_ids(vocab_size: int, *ids: torch.Tensor) -> None:
     """
     smallest = min(int(tensor.min()) for tensor in ids)
     if smallest < 0:
-        raise TrainConfigError(f"the data holds token id {smallest}, but token ids are >= 0 (a signed token "
-                               "file holding negative values: damaged, or not token ids)")
+        raise TokenIdError(smallest, f"the data holds token id {smallest}, but token ids are >= 0 (a signed token "
+                                     "file holding negative values: damaged, or not token ids)")
     largest = max(int(tensor.max()) for tensor in ids)
     if largest >= vocab_size:
-        raise TrainConfigError(f"the data holds token id {largest} but vocab_size is {vocab_size}")
+        raise TokenIdError(largest, f"the data holds token id {largest} but vocab_size is {vocab_size}")
+
+
+class TokenIdError(TrainConfigError):
+    """A token id outside the vocabulary; `token_id` lets the caller find the file and document holding it."""
+
+    def __init__(self, token_id: int, message: str) -> None:
+        super().__init__(message)
+        self.token_id = token_id
+
+
+def _located(error: TokenIdError, dataset, indices: list[int]) -> TrainConfigError:
+    """`error` with the dataset file and document that hold its id appended, when the dataset can say
+    (`locate_token` of the GPT datasets); the id is searched only now, after the cheap check failed."""
+    locate = getattr(dataset, "locate_token", None)
+    places = (locate(i, error.token_id) for i in indices) if locate is not None else ()
+    place = next((place for place in places if place is not None), None)
+    return TrainConfigError(f"{error} (in {place})") if place is not None else error
 
 
 def step_batches(dataset, sampler, num_microbatches: int, vocab_size: int, collate_fn: Callable) -> Iterator[list]:
@@ -182,7 +202,10 @@ def step_batches(dataset, sampler, num_microbatches: int, vocab_size: int, colla
     for indices in sampler:
         # The trainer's sampler reads the global order in sequence, so an id is never read twice in a run.
         items = [{**dataset[i], SAMPLE_ID_KEY: torch.tensor(i, dtype=torch.int64)} for i in indices]
-        step.append(collate_fn(items, vocab_size))
+        try:
+            step.append(collate_fn(items, vocab_size))
+        except TokenIdError as error:
+            raise _located(error, dataset, indices) from None
         if len(step) == num_microbatches:
             yield step
             step = []

@@ -29,9 +29,10 @@ the file and the key.
 
 from __future__ import annotations
 
-import json
+import math
 from typing import Any
 
+from indexed_dataset.structured_files import read_json_file
 from trainer.errors import TrainConfigError
 
 # DeepSpeed's permission for optimisers untested with ZeRO: ours are all tested with every stage, so it is
@@ -75,6 +76,8 @@ class _Reader:
         kind = int if integer else (int, float)
         if isinstance(value, bool) or not isinstance(value, kind):
             raise self.fail(key, f"expected {'an integer' if integer else 'a number'}, got {value!r}")
+        if not math.isfinite(value):  # JSON's Infinity and NaN, which Python's json reads as floats
+            raise self.fail(key, f"expected a finite number, got {value!r}")
         return str(value)
 
     def switch(self, key: str, value: Any) -> bool:
@@ -123,13 +126,9 @@ def read_deepspeed_config(path: str) -> list[str]:
 
 def _read(path: str) -> dict:
     try:
-        with open(path, encoding="utf-8") as file:
-            content = json.load(file)
+        content = read_json_file(path, error=TrainConfigError)
     except OSError as error:
         raise TrainConfigError(f"{path}: cannot read the DeepSpeed config ({error.strerror})") from None
-    except json.JSONDecodeError as error:
-        raise TrainConfigError(f"{path}: not valid JSON at line {error.lineno}, column {error.colno}: "
-                               f"{error.msg}") from None
     if not isinstance(content, dict):
         raise TrainConfigError(f"{path}: expected a JSON object, got a {type(content).__name__}")
     return content
@@ -215,11 +214,13 @@ def _scheduler(reader: _Reader, value: Any) -> None:
 
 
 def _check_batch(reader: _Reader, content: dict) -> None:
-    """DeepSpeed's rule as far as the file tells: train_batch_size is a multiple of micro x accumulation."""
-    keys = ("train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
-    if not all(key in content for key in keys):
+    """DeepSpeed's rule as far as the file tells: train_batch_size is a multiple of micro x accumulation (of
+    those of the two it gives; the values are integers, `read_deepspeed_config` checked)."""
+    if "train_batch_size" not in content:
         return
-    total, micro, accumulation = (content[key] for key in keys)
-    if micro < 1 or accumulation < 1 or total % (micro * accumulation):
-        raise TrainConfigError(f"{reader.path}: train_batch_size ({total}) is not train_micro_batch_size_per_gpu "
-                               f"({micro}) x gradient_accumulation_steps ({accumulation}) x the data-parallel size")
+    total = content["train_batch_size"]
+    factors = {key: content[key] for key in ("train_micro_batch_size_per_gpu", "gradient_accumulation_steps")
+               if key in content}
+    if factors and (min(factors.values()) < 1 or total % math.prod(factors.values())):
+        product = " x ".join(f"{key} ({value})" for key, value in factors.items())
+        raise TrainConfigError(f"{reader.path}: train_batch_size ({total}) is not {product} x the data-parallel size")

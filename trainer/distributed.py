@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.launcher.api as launcher_api
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig as ElasticLaunchConfig
 from torch.distributed.launcher.api import elastic_launch
 
@@ -32,6 +34,8 @@ logger = logging.getLogger(__name__)
 
 # Seconds between two attempts of a node > 0 to reach node 0's rendezvous port.
 CONNECT_RETRY_S = 0.5
+# The per-run folder of the launcher's worker error files (under the system temp dir, removed at the end).
+LAUNCH_LOG_PREFIX = "tokenmill_launch_"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,16 +144,18 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object) 
     else:
         rendezvous = {"rdzv_backend": "static", "rdzv_endpoint": f"{config.master_addr}:{config.master_port}",
                       "rdzv_configs": {"rank": config.node_rank, "timeout": config.dist_timeout}}
-    elastic = ElasticLaunchConfig(
-        min_nodes=config.num_nodes, max_nodes=config.num_nodes, nproc_per_node=config.num_gpus_per_node,
-        run_id=f"tokenmill-{uuid.uuid4().hex[:8]}" if config.num_nodes == 1 else "tokenmill-train",
-        max_restarts=0, start_method="spawn", **rendezvous)
     logger.info("launching %d processes on node %d of %d", config.num_gpus_per_node, config.node_rank,
                 config.num_nodes)
     if config.num_nodes > 1:
         _announce_or_await_node_0(config)
+    # The launcher's per-run folder of worker error files (else a /tmp/torchelastic_* folder it never removes):
+    # removed when the run ends; a failure's message is read from it before `elastic_launch` returns.
     try:
-        with _agents_leave_store_host_last():
+        with tempfile.TemporaryDirectory(prefix=LAUNCH_LOG_PREFIX) as log_dir, _agents_leave_store_host_last():
+            elastic = ElasticLaunchConfig(
+                min_nodes=config.num_nodes, max_nodes=config.num_nodes, nproc_per_node=config.num_gpus_per_node,
+                run_id=f"tokenmill-{uuid.uuid4().hex[:8]}" if config.num_nodes == 1 else "tokenmill-train",
+                max_restarts=0, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir), **rendezvous)
             return elastic_launch(elastic, entrypoint)(*args)
     except dist.DistError as error:  # the rendezvous store timed out: not every node came
         raise RendezvousError(_rendezvous_failure(config, error)) from None

@@ -14,6 +14,11 @@ class CheckpointError(TokenmillError):
     """A checkpoint is missing, incomplete, or does not fit the model being trained."""
 
 
+class ModelFileError(CheckpointError, TrainConfigError):
+    """A model file (a checkpoint's model_config.json, a HF config.json) holds a key or value the model cannot
+    have, or describes a model this machine cannot hold; the message names the file and the key."""
+
+
 class RendezvousError(TokenmillError):
     """The nodes of a multi-node run did not all meet at start-up within the rendezvous timeout."""
 

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  "Megatron: 'wiki' -> wikitext, 'ptb' -> ptb)")
     parser.add_argument("--batch-size", type=int, default=8, help="rows per forward pass on one data-parallel replica")
     parser.add_argument("--json", action="store_true", help="print only the final JSON line (no progress bar)")
-    add_tokenizer_arguments(parser, required=False)
+    add_tokenizer_arguments(parser, required=False, preprocessing=False)
     add_layout_arguments(parser)
     return parser
 

@@ -90,6 +90,22 @@ def prompt_tokenizer(config: GenerateConfig, directory: str | os.PathLike) -> To
     return build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
 
 
+def encode_prompts(tokenizer: Tokenizer, prompts: list[str]) -> list[list[int]]:
+    """The token ids of each text prompt.
+
+    Raises:
+        TrainConfigError: a prompt the tokenizer cannot encode (NullTokenizer: not integers, or an id past
+            its vocabulary), naming the prompt.
+    """
+    ids = []
+    for number, text in enumerate(prompts, start=1):
+        try:
+            ids.append(tokenizer.encode(text))
+        except ValueError as error:
+            raise TrainConfigError(f"prompt {number}: {error}") from None
+    return ids
+
+
 def check_generation(config: GenerateConfig, world_size: int) -> None:
     """Check a run on ``world_size`` processes before any starts (what every rank would reject).
 

@@ -15,8 +15,9 @@
     generate --load switch-base-8/ --prompt-file prompts.txt --greedy --nproc-per-node 2 \\
              --expert-model-parallel-size 2
 
-Without tokenizer flags the tokenizer files stored with the model are used. Prints each continuation
-(``--json``: one object per prompt and line, with ``prompt``, ``text`` and the generated ``ids``).
+Without tokenizer flags the tokenizer files stored with the model are used. Prints each prompt and its
+continuation under ``--- prompt N ---`` and ``--- continuation N ---`` lines (``--json``: one object per
+prompt and line, with ``prompt``, ``text`` and the generated ``ids``).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
-from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_parser import CommandParser, finite_float, seed_value
 from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
 from trainer.collective_cli import (
@@ -64,14 +65,14 @@ def build_parser() -> argparse.ArgumentParser:
                                                                           "(repeatable)")
     sampling = parser.add_argument_group("sampling")
     sampling.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    sampling.add_argument("--temperature", type=float, default=1.0, help="divide the logits by this (> 0)")
+    sampling.add_argument("--temperature", type=finite_float, default=1.0, help="divide the logits by this (> 0)")
     sampling.add_argument("--top-k", type=int, default=0, help="sample among the k most likely tokens (0 = all)")
-    sampling.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass, in (0, 1] (1 = all)")
+    sampling.add_argument("--top-p", type=finite_float, default=1.0, help="nucleus sampling mass, in (0, 1] (1 = all)")
     sampling.add_argument("--max-new-tokens", type=int, default=32, help="tokens generated per prompt at most")
-    sampling.add_argument("--seed", type=int, default=1234, help="seed of the sampling generator")
+    sampling.add_argument("--seed", type=seed_value, default=1234, help="seed of the sampling generator")
     parser.add_argument("--batch-size", type=int, default=16, help="prompts per forward pass")
     parser.add_argument("--json", action="store_true", help="one JSON object per prompt and line")
-    add_tokenizer_arguments(parser, required=False)
+    add_tokenizer_arguments(parser, required=False, preprocessing=False)
     add_layout_arguments(parser)
     _add_expert_parallel_argument(parser)
     return parser
@@ -125,14 +126,20 @@ def _generate_records(config: GenerateConfig) -> list[dict]:
     return [asdict(c) for c in spec_for_source(config.load).generate(config)]
 
 
+# The header lines of a completion's two parts in the text output.
+PROMPT_HEADER = "--- prompt {} ---"
+CONTINUATION_HEADER = "--- continuation {} ---"
 COMMAND = CollectiveCommand(prog=PROG, build_parser=build_parser, run=_generate_records, check=check_generation)
 
 
-def format_completion(record: dict, as_json: bool) -> str:
-    """A `Completion` (as a dict) as one JSON line, or as its continuation text (its ids without a tokenizer)."""
+def format_completion(record: dict, as_json: bool, number: int = 1) -> str:
+    """A `Completion` (as a dict) as one JSON line, or as its prompt and continuation under two header lines
+    (ids without a tokenizer): a continuation that starts with, or holds, blank lines stays readable."""
     if as_json:
         return json.dumps(record, ensure_ascii=False)
-    return record["text"] if record["text"] is not None else " ".join(map(str, record["ids"]))
+    prompt = record["prompt"] if isinstance(record["prompt"], str) else " ".join(map(str, record["prompt"]))
+    continuation = record["text"] if record["text"] is not None else " ".join(map(str, record["ids"]))
+    return f"{PROMPT_HEADER.format(number)}\n{prompt}\n{CONTINUATION_HEADER.format(number)}\n{continuation}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +159,6 @@ def main(argv: list[str] | None = None) -> int:
         COMMAND.fail(f"{spec.name} generation runs in one process: use --nproc-per-node 1")
         return EXIT_USAGE
     status, completions = run_collective(COMMAND, config, launch_config, config.device)
-    for completion in completions or []:
-        print(format_completion(completion, args.json))
+    for number, completion in enumerate(completions or [], start=1):
+        print(format_completion(completion, args.json, number))
     return status

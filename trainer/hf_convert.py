@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.checkpoint import MODEL_CONFIG_FILE, resolve_checkpoint
+from trainer.checkpoint_lengths import sequence_length_defaults
 from trainer.models import spec_for_checkpoint, spec_for_hf_directory
 
 
@@ -60,11 +61,15 @@ class ConvertCheckpointConfig:
 
 def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Defaults that ``train --load ROOT`` takes from a checkpoint root, by `TrainConfig` section: what its
-    family's spec reads from ``model_config.json`` and the tokenizer files. {} for a root without a model
+    family's spec reads from ``model_config.json`` and the tokenizer files, and the sequence lengths
+    (`trainer.checkpoint_lengths`). {} for a root without a model
     config (an empty directory: training starts from scratch)."""
     if not (Path(root) / MODEL_CONFIG_FILE).is_file():
         return {}
-    return spec_for_checkpoint(root).checkpoint_train_defaults(root)
+    sections = spec_for_checkpoint(root).checkpoint_train_defaults(root)
+    for section, values in sequence_length_defaults(root).items():
+        sections[section] = {**sections.get(section, {}), **values}
+    return sections
 
 
 def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:

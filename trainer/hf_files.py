@@ -24,9 +24,20 @@ import safetensors
 import safetensors.torch
 import torch
 
+from indexed_dataset.path_rules import file_inside
 from indexed_dataset.permissions import give_default_permissions
+from indexed_dataset.structured_files import read_json_file
 from preprocess.tokenizers import TokenizerConfig
+from trainer.disk_space import free_space_shortfall, is_disk_full, no_space_message
 from trainer.errors import HFConversionError
+from trainer.tokenizer_record import (
+    GPT2_MERGES,
+    GPT2_VOCAB,
+    T5_SPIECE,
+    TOKENIZER_JSON,
+    WORDPIECE_VOCAB,
+    recorded_tokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -38,14 +49,13 @@ INDEX_SUFFIX = ".index.json"
 WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_FILE + INDEX_SUFFIX, PYTORCH_FILE, PYTORCH_FILE + INDEX_SUFFIX)
 # transformers refuses safetensors files whose metadata does not name the framework.
 SAFETENSORS_METADATA = {"format": "pt"}
-GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON = "vocab.json", "merges.txt", "tokenizer.json"
-# T5/mT5's SentencePiece model.
-T5_SPIECE = "spiece.model"
-# BERT's WordPiece vocabulary.
-WORDPIECE_VOCAB = "vocab.txt"
 TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, WORDPIECE_VOCAB, "tokenizer_config.json",
                    "special_tokens_map.json")
 TEMP_SUFFIX = ".tmp"
+# The folder of a Hugging Face cache that holds one folder per downloaded revision.
+HUB_SNAPSHOTS_FOLDER = "snapshots"
+# The OS error code inside a safetensors I/O error's text.
+_OS_ERROR_CODE = re.compile(r"Os \{ code: (\d+)")
 # The global named in torch's refusal of a pickle that is not weights-only ("... GLOBAL posix.system ...").
 _REFUSED_GLOBAL = re.compile(r"GLOBAL (\S+)")
 
@@ -62,11 +72,11 @@ def read_json(path: Path) -> dict[str, Any]:
         HFConversionError: missing, unreadable, or not a JSON object.
     """
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
+        value = read_json_file(path, error=HFConversionError)
     except FileNotFoundError:
         raise HFConversionError(f"{path}: not found") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise HFConversionError(f"{path}: not readable JSON ({error})") from None
+    except OSError as error:
+        raise HFConversionError(f"{path}: not readable ({error.strerror})") from None
     if not isinstance(value, dict):
         raise HFConversionError(f"{path}: expected a JSON object")
     return value
@@ -94,11 +104,20 @@ def _load_file(path: Path) -> dict[str, torch.Tensor]:
         raise HFConversionError(f"{path}: cannot read weights ({str(error).splitlines()[0]})") from None
 
 
+def _links_boundary(root: Path) -> Path:
+    """Where the files a shard index names may lead through links: the model directory itself, or, for a
+    Hugging Face cache snapshot (`models--org--name/snapshots/<revision>/`, whose files are links into
+    the cached model's `blobs/`), the cached model's folder."""
+    resolved = root.resolve()
+    return resolved.parent.parent if resolved.parent.name == HUB_SNAPSHOTS_FOLDER else root
+
+
 def read_hf_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
     """Every tensor of the model's weight file(s), by its saved name.
 
     Raises:
-        HFConversionError: no weight file, an unreadable one, or a shard index naming a missing file.
+        HFConversionError: no weight file, an unreadable one, or a shard index naming a missing file or
+            one outside the directory (`..`, an absolute path, a link leading out; see `_links_boundary`).
     """
     root = Path(directory)
     name = next((n for n in WEIGHT_FILES if (root / n).is_file()), None)
@@ -111,15 +130,18 @@ def read_hf_weights(directory: str | os.PathLike) -> dict[str, torch.Tensor]:
         weight_map = read_json(root / name).get("weight_map")
         if not isinstance(weight_map, dict):
             raise HFConversionError(f"{root / name}: no weight_map")
+        boundary = _links_boundary(root)
+        shards = {file_inside(root, shard, root / name, entry=f"weight_map[{tensor!r}]", root=boundary,
+                              error=HFConversionError) for tensor, shard in weight_map.items()}
         tensors = {}
-        for shard in sorted(set(weight_map.values())):
-            tensors |= _load_file(root / shard)
+        for shard in sorted(shards):
+            tensors |= _load_file(Path(shard))
     if not all(isinstance(t, torch.Tensor) for t in tensors.values()):
         raise HFConversionError(f"{root / name}: holds something other than tensors")
     return tensors
 
 
-def _replace_atomically(path: Path, write) -> None:
+def replace_atomically(path: Path, write) -> None:
     """Call ``write(temp_path)``, then rename the temporary file onto ``path``."""
     temp = path.with_name(path.name + TEMP_SUFFIX)
     try:
@@ -132,7 +154,7 @@ def _replace_atomically(path: Path, write) -> None:
 
 def write_json(path: Path, value: dict[str, Any]) -> None:
     """``value`` as indented JSON at ``path`` (written under a temporary name first)."""
-    _replace_atomically(path, lambda temp: temp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
+    replace_atomically(path, lambda temp: temp.write_text(json.dumps(value, indent=2) + "\n", encoding="utf-8"))
 
 
 def copy_tokenizer_files(source: str | os.PathLike, destination: str | os.PathLike) -> list[str]:
@@ -144,7 +166,7 @@ def copy_tokenizer_files(source: str | os.PathLike, destination: str | os.PathLi
     copied = []
     for name in TOKENIZER_FILES:
         if (Path(source) / name).is_file() and Path(source).resolve() != Path(destination).resolve():
-            _replace_atomically(Path(destination) / name, lambda temp: shutil.copyfile(Path(source) / name, temp))
+            replace_atomically(Path(destination) / name, lambda temp: shutil.copyfile(Path(source) / name, temp))
             copied.append(name)
     return copied
 
@@ -153,31 +175,70 @@ def write_hf_directory(directory: str | os.PathLike, config: dict[str, Any], ten
                        tokenizer_source: str | os.PathLike | None = None) -> Path:
     """Write ``config.json`` and ``model.safetensors`` (and copy tokenizer files) into ``directory``.
 
-    Tokenizer files and the weights are written first and ``config.json`` last, each under a
-    temporary name, so an interrupted export never looks like a loadable model.
+    A new directory is written whole under a hidden temporary name beside it and renamed at the end; in an
+    existing one, tokenizer files and the weights are written first and ``config.json`` last, each under a
+    temporary name. Either way an interrupted or failed export never looks like a loadable model, and
+    leaves nothing of its own behind.
 
     Returns:
         The directory.
+
+    Raises:
+        HFConversionError: the disk has no room for the weights (checked first, and again if it fills
+            during the write): naming the directory, its disk and the bytes needed.
     """
     root = Path(directory)
-    root.mkdir(parents=True, exist_ok=True)
-    if tokenizer_source is not None:
-        copy_tokenizer_files(tokenizer_source, root)
-    _replace_atomically(root / SAFETENSORS_FILE,
-                        lambda temp: safetensors.torch.save_file(tensors, temp, metadata=SAFETENSORS_METADATA))
-    write_json(root / CONFIG_FILE, config)
+    needed = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
+    shortfall = free_space_shortfall(root, needed)
+    if shortfall is not None:
+        raise HFConversionError(shortfall)
+    target, staging = root, None
+    if not root.exists():
+        staging = root.with_name(f".{root.name}{TEMP_SUFFIX}")
+        shutil.rmtree(staging, ignore_errors=True)
+        target = staging
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        if tokenizer_source is not None:
+            copy_tokenizer_files(tokenizer_source, target)
+        replace_atomically(target / SAFETENSORS_FILE, lambda temp: _save_safetensors(tensors, temp))
+        write_json(target / CONFIG_FILE, config)
+        if staging is not None:
+            os.replace(staging, root)
+    except BaseException as error:
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
+        if is_disk_full(error):
+            raise HFConversionError(no_space_message(root, needed)) from None
+        raise
     logger.info("wrote %s (%d tensors)", root, len(tensors))
     return root
+
+
+def _save_safetensors(tensors: dict[str, torch.Tensor], path: Path) -> None:
+    """``safetensors.torch.save_file``, whose I/O errors (a full disk) become the OSError they are."""
+    try:
+        safetensors.torch.save_file(tensors, path, metadata=SAFETENSORS_METADATA)
+    except safetensors.SafetensorError as error:
+        # The Rust error names the OS error's code: "IoError(Os { code: 28, kind: StorageFull, ... })".
+        code = _OS_ERROR_CODE.search(str(error))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), f"{os.strerror(int(code.group(1)))}: {path}") from None
 
 
 def tokenizer_config_for_directory(directory: str | os.PathLike) -> TokenizerConfig | None:
     """The tokenizer stored in a model or checkpoint directory, or None when it holds none.
 
+    A checkpoint's own record (its ``tokenizer_settings.json``) comes first; otherwise the files tell:
     GPT-2's ``vocab.json`` + ``merges.txt`` give Megatron's GPT2BPETokenizer (what GPT-2 models use);
     otherwise a ``tokenizer.json`` gives the HuggingFaceTokenizer, and T5's ``spiece.model`` the
     GPTSentencePieceTokenizer (the plain SentencePiece model, as T5Tokenizer reads it).
     """
     root = Path(directory)
+    recorded = recorded_tokenizer(root)
+    if recorded is not None:  # a checkpoint that records its tokenizer type (`trainer.tokenizer_record`)
+        return recorded
     if (root / GPT2_VOCAB).is_file() and (root / GPT2_MERGES).is_file():
         return TokenizerConfig(tokenizer_type="GPT2BPETokenizer", vocab_file=str(root / GPT2_VOCAB),
                                merge_file=str(root / GPT2_MERGES))

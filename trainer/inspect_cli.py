@@ -20,11 +20,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from dataclasses import dataclass
 
-from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_parser import CommandParser, finite_float, int_at_least, seed_value
 from indexed_dataset.cli_support import run_command
+from indexed_dataset.figures import figure_format
+from indexed_dataset.format import data_file_path, index_file_path
 from indexed_dataset.inspect import DatasetReport, decode_documents, inspect_dataset, validate_dataset
+from indexed_dataset.path_rules import refuse_output_over_inputs
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, TokenizerError, build_tokenizer
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
 from preprocess.tokenizers.t5 import t5_special_ids
@@ -88,7 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("path", metavar="PREFIX_OR_IDX", nargs="?",
                         help="dataset prefix, or its .bin/.idx path (optional with --data-path)")
     parser.add_argument("--validate", action="store_true", help="full consistency check; exit 1 on any problem")
-    parser.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N documents")
+    parser.add_argument("--show", type=int_at_least(0), default=0, metavar="N", help="decode the first N documents")
     parser.add_argument("--docs", type=_parse_indices, default=[], metavar="I,J,...", help="decode these documents")
     parser.add_argument("--json", dest="as_json", action="store_true", help="print JSON")
     parser.add_argument("--plot", metavar="PICTURE",
@@ -99,12 +103,14 @@ def build_parser() -> argparse.ArgumentParser:
     training.add_argument("--data-path", nargs="+", default=[], metavar="[WEIGHT] PATH",
                           help="show the training view of this blend, as train --data-path (default: the dataset)")
     training.add_argument("--split", default=DEFAULT_SPLIT, help=f"split weights (default {DEFAULT_SPLIT})")
-    training.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"shuffle seed (default {DEFAULT_SEED})")
+    training.add_argument("--seed", type=seed_value, default=DEFAULT_SEED,
+                          help=f"shuffle seed (default {DEFAULT_SEED})")
     sizes = training.add_mutually_exclusive_group()
-    sizes.add_argument("--num-samples", type=int, nargs=3, metavar=("TRAIN", "VALID", "TEST"),
+    sizes.add_argument("--num-samples", type=int_at_least(0), nargs=3, metavar=("TRAIN", "VALID", "TEST"),
                        help="samples per split (default: one epoch each)")
     for name in ("train", "valid", "test"):
-        sizes.add_argument(f"--{name}-samples", type=int, help=f"samples of the {name} split (default: one epoch)")
+        sizes.add_argument(f"--{name}-samples", type=int_at_least(0),
+                           help=f"samples of the {name} split (default: one epoch)")
     training.add_argument("--samples", type=_parse_indices, default=[0], metavar="I,J,...",
                           help="samples to show per split, negative from the end (default 0)")
     training.add_argument("--data-cache-path", help="index cache directory (default: index-cache/ beside the data)")
@@ -116,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
                           help=f"T5 decoder positions (default {DEFAULT_DECODER_SEQ_LENGTH})")
     training.add_argument("--vocab-extra-ids", type=int, default=DEFAULT_VOCAB_EXTRA_IDS,
                           help=f"T5 sentinels added to a vocabulary without any (default {DEFAULT_VOCAB_EXTRA_IDS})")
-    training.add_argument("--mask-prob", type=float, default=DEFAULT_MASK_PROB,
+    training.add_argument("--mask-prob", type=finite_float, default=DEFAULT_MASK_PROB,
                           help=f"BERT: fraction of a sample's tokens masked (default {DEFAULT_MASK_PROB})")
     training.add_argument("--bert-no-binary-head", action="store_true",
                           help="BERT: masked LM alone, one segment per sample (no sentence-order label)")
@@ -152,11 +158,24 @@ def _format(report: DatasetReport) -> str:
     return "\n".join(lines)
 
 
+def _refuse_plot_over_inputs(config: InspectConfig, dataset_files: list[str]) -> None:
+    """`--plot` must not name a file the call reads: the dataset's, a blend's, the tokenizer's.
+
+    Raises:
+        TokenmillError: naming the picture and the input.
+    """
+    blend = [file for word in config.data_path for file in (word, data_file_path(word), index_file_path(word))]
+    tokenizer_files = config.tokenizer.files() if config.tokenizer is not None else []
+    refuse_output_over_inputs([config.plot], [*dataset_files, *blend, *tokenizer_files])
+
+
 def run_inspect(config: InspectConfig) -> int:
     """Print the report (and decoded documents); returns the exit code."""
     if config.path is None:
         return _run_blend_view(config)
     report = inspect_dataset(config.path)
+    if config.plot is not None:
+        _refuse_plot_over_inputs(config, list(report.files))
     tokenizer = build_tokenizer(config.tokenizer) if config.tokenizer is not None else None
     if config.validate:
         validate_dataset(config.path, tokenizer)
@@ -183,9 +202,14 @@ def run_inspect(config: InspectConfig) -> int:
             print(sample_kind(config.training.model).module().format_training_view(view, config.training))
     if config.plot is not None:
         training = config.training
-        plot_inspection(config.plot, config.path, view, training.sequence_length if training else 0,
-                        training.sizes if training else ())
+        _say_written(plot_inspection(config.plot, config.path, view, training.sequence_length if training else 0,
+                                     training.sizes if training else ()))
     return 0
+
+
+def _say_written(picture: os.PathLike) -> None:
+    """One line on stderr (stdout holds the report, maybe JSON), as plot-metrics says it."""
+    sys.stderr.write(f"wrote {picture}\n")
 
 
 def _training_json(training: TrainingViewConfig, view: list) -> dict:
@@ -208,7 +232,22 @@ def _training_view(config: InspectConfig, data: str | tuple[str, ...], tokenizer
         tokenizer_type = config.tokenizer.tokenizer_type
         view_tokens = ViewTokens(decode=tokenizer.decode,
                                  vocabulary=lambda extra_ids: view_vocabulary(tokenizer, tokenizer_type, extra_ids))
-    return kind.module().training_view(data, training, view_tokens)
+    view = kind.module().training_view(data, training, view_tokens)
+    _refuse_unseen_samples(view, training.sample_ids)
+    return view
+
+
+def _refuse_unseen_samples(view: list[dict | None], sample_ids: tuple[int, ...]) -> None:
+    """Each split shows the ``--samples`` ids it has; an id that no split has would show nothing at all.
+
+    Raises:
+        ValueError: naming the id and each split's sample count.
+    """
+    counts = {split["split"]: split["num_samples"] for split in view if split is not None}
+    for sample_id in sample_ids:
+        if not any(-count <= sample_id < count for count in counts.values()):
+            have = ", ".join(f"{name} {count}" for name, count in counts.items()) or "none"
+            raise ValueError(f"--samples {sample_id}: no split has that sample (samples per split: {have})")
 
 
 def _tokenizer_pieces(tokenizer: Tokenizer) -> dict[str, int]:
@@ -241,6 +280,8 @@ def _run_blend_view(config: InspectConfig) -> int:
     kind = sample_kind(config.training.model)
     if not kind.blends:
         raise ValueError(f"--model {kind.name} trains on one dataset: give its path, not --data-path")
+    if config.plot is not None:
+        _refuse_plot_over_inputs(config, [])
     tokenizer = build_tokenizer(config.tokenizer) if config.tokenizer is not None else None
     view = _training_view(config, config.data_path, tokenizer)
     if config.as_json:
@@ -248,7 +289,7 @@ def _run_blend_view(config: InspectConfig) -> int:
     else:
         print(kind.module().format_training_view(view, config.training))
     if config.plot is not None:
-        plot_inspection(config.plot, None, view, config.training.sequence_length, config.training.sizes)
+        _say_written(plot_inspection(config.plot, None, view, config.training.sequence_length, config.training.sizes))
     return 0
 
 
@@ -257,6 +298,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
     def command() -> int:
+        if args.plot is not None:
+            figure_format(args.plot)  # a wrong suffix is refused before the report, not after it
         shown = list(range(args.show)) + [index for index in args.docs if index >= args.show]
         config = InspectConfig(path=args.path, validate=args.validate, documents=tuple(shown),
                                tokenizer=tokenizer_config_from_args(args), as_json=args.as_json,

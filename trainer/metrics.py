@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from indexed_dataset.structured_files import StructuredFileError, parse_json
 from trainer.metrics_records import MEMORY_KEY, consumed_tokens
 
 logger = logging.getLogger(__name__)
@@ -147,8 +148,8 @@ def _drop_records_after(path: Path, iteration: int) -> None:
 def _record_iteration(line: str) -> int:
     """The ``iteration`` of one JSON-lines record; a line that is not one is kept (-1)."""
     try:
-        record = json.loads(line)
-    except json.JSONDecodeError:
+        record = parse_json(line, "a metrics record")
+    except StructuredFileError:
         return -1
     value = record.get("iteration") if isinstance(record, dict) else None
     return value if isinstance(value, int) else -1

@@ -18,13 +18,13 @@ This module imports neither torch nor matplotlib: `plot-metrics` reads files wit
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from indexed_dataset.errors import TokenmillError
+from indexed_dataset.structured_files import parse_json
 
 METRICS_FILE_NAME = "metrics.jsonl"
 # The key that marks an evaluation record (its value: valid or test).
@@ -96,10 +96,7 @@ def metrics_path(path: str | os.PathLike) -> Path:
 
 def _parse_record(path: Path, number: int, line: str) -> dict:
     """One line as a record; every failure names ``path:number``."""
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise MetricsFileError(f"{path}:{number}: not JSON ({error.msg})") from None
+    record = parse_json(line, f"{path}:{number}", error=MetricsFileError)
     if not isinstance(record, dict):
         raise MetricsFileError(f"{path}:{number}: expected a JSON object, got {type(record).__name__}")
     if not isinstance(record.get("iteration"), int) or isinstance(record.get("iteration"), bool):

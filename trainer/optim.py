@@ -1,20 +1,22 @@
-"""AdamW with Megatron's parameter groups, the learning-rate schedule, and fp16 dynamic loss scaling."""
+"""AdamW with Megatron's parameter groups, the schedule's rates applied to them, and fp16 dynamic loss scaling."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 from trainer.config import OptimizerConfig, PrecisionConfig
+from trainer.errors import CheckpointError
+from trainer.lr_schedule import NUMERIC_STATE_KEYS, STYLE_STATE_KEYS, ParamScheduler
 
 # Megatron's DynamicGradScaler constants: double after a clean window, halve after hysteresis overflows.
 LOSS_SCALE_GROWTH_FACTOR = 2.0
 LOSS_SCALE_BACKOFF_FACTOR = 0.5
+# Checkpoint names of the learning-rate schedule's state: ``opt_param_scheduler.<Megatron's key>``.
+SCHEDULER_PREFIX = "opt_param_scheduler."
 
 
 # AdamW's update kernels, fastest first: one fused kernel over all parameters (CUDA), multi-tensor
@@ -42,7 +44,8 @@ def select_adamw_kernel(device_type: str, params: Iterable[torch.Tensor]) -> str
 
 def build_optimizer(named_params: list[tuple[str, nn.Parameter]], config: OptimizerConfig,
                     foreach: bool | None = None, fused: bool | None = None,
-                    decayed: frozenset[str] | None = None) -> torch.optim.AdamW:
+                    decayed: frozenset[str] | None = None, decoupled: frozenset[str] = frozenset()
+                    ) -> torch.optim.AdamW:
     """AdamW over ``named_params``; biases and norm weights (every 1-D parameter) get no weight decay.
 
     Args:
@@ -53,16 +56,33 @@ def build_optimizer(named_params: list[tuple[str, nn.Parameter]], config: Optimi
             allow (``**ADAMW_KERNEL_OPTIONS[kernel]``).
         decayed: the names that get weight decay, when the tensors stepped are not the model's own
             (`trainer.zero.ShardedAdamW` steps 1-D slices); default: the parameters of 2 or more dims.
+        decoupled: the names of the embedding and output layer, which get ``config.decoupled_lr`` (when given).
     """
     named_params = list(named_params)  # callers may pass a generator: it is read twice
     if decayed is None:
         decayed = frozenset(name for name, p in named_params if p.ndim >= 2)
-    decay = [p for name, p in named_params if name in decayed]
-    no_decay = [p for name, p in named_params if name not in decayed]
-    groups = [{"params": decay, "weight_decay": config.weight_decay},
-              {"params": no_decay, "weight_decay": 0.0}]
+    # Megatron's groups: ``wd_mult`` scales the scheduled weight decay; with --decoupled-lr the embedding and
+    # output layer get their own peak (and minimum) learning rate.
+    own_rates = {} if config.decoupled_lr is None else {"max_lr": config.decoupled_lr} | (
+        {} if config.decoupled_min_lr is None else {"min_lr": config.decoupled_min_lr})
+    own = decoupled if own_rates else frozenset()
+    groups = []
+    for rates, members in (({}, lambda name: name not in own), (own_rates, lambda name: name in own)):
+        for wd_mult in (1.0, 0.0):
+            params = [p for name, p in named_params if members(name) and (name in decayed) == bool(wd_mult)]
+            if params or not rates:  # the two plain groups always exist
+                groups.append({"params": params, "weight_decay": config.weight_decay * wd_mult,
+                               "wd_mult": wd_mult} | rates)
     return torch.optim.AdamW(groups, lr=config.lr, betas=(config.adam_beta1, config.adam_beta2),
                              eps=config.adam_eps, foreach=foreach, fused=fused)
+
+
+def embedding_and_output_names(named_params: Iterable[tuple[str, nn.Parameter]],
+                               vocab_rows: Iterable[str]) -> frozenset[str]:
+    """The names of Megatron's "embedding or output" parameters (--decoupled-lr): those whose rows are the
+    vocabulary (the model spec's ``vocab_rows``), under whatever prefix the run's layout puts on them."""
+    rows = tuple(vocab_rows)
+    return frozenset(name for name, _ in named_params if any(name == row or name.endswith("." + row) for row in rows))
 
 
 def init_optimizer_state(optimizer: torch.optim.AdamW) -> None:
@@ -76,43 +96,46 @@ def init_optimizer_state(optimizer: torch.optim.AdamW) -> None:
                                       "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 
 
-@dataclass(frozen=True, slots=True)
-class LRSchedule:
-    """Megatron's annealing: linear warm-up to ``max_lr``, then constant/linear/cosine decay to ``min_lr``."""
-
-    max_lr: float
-    min_lr: float
-    warmup_iters: int
-    decay_iters: int
-    style: str
-
-    @classmethod
-    def from_config(cls, config: OptimizerConfig, train_iters: int) -> LRSchedule:
-        warmup, decay_iters = config.schedule_iters(train_iters)
-        return cls(max_lr=config.lr, min_lr=config.min_lr, warmup_iters=warmup, decay_iters=decay_iters,
-                   style=config.lr_decay_style)
-
-    def __call__(self, iteration: int) -> float:
-        """Learning rate of optimiser step ``iteration`` (1-based)."""
-        if self.warmup_iters > 0 and iteration <= self.warmup_iters:
-            return self.max_lr * iteration / self.warmup_iters
-        if self.style == "constant":
-            return self.max_lr
-        if iteration >= self.decay_iters:
-            return self.min_lr
-        ratio = (iteration - self.warmup_iters) / (self.decay_iters - self.warmup_iters)
-        coeff = 1.0 - ratio if self.style == "linear" else 0.5 * (math.cos(math.pi * ratio) + 1.0)
-        return self.min_lr + coeff * (self.max_lr - self.min_lr)
-
-
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
+def apply_schedule(optimizer: torch.optim.Optimizer, scheduler: ParamScheduler) -> None:
+    """Set every parameter group's learning rate and weight decay to the schedule's for the next step, as
+    Megatron's scheduler does: a group's own ``max_lr``/``min_lr`` (--decoupled-lr) and its ``wd_mult``."""
+    wd = scheduler.wd()
     for group in optimizer.param_groups:
-        group["lr"] = lr
+        group["lr"] = scheduler.lr(group.get("max_lr"), group.get("min_lr"))
+        group["weight_decay"] = wd * group["wd_mult"]
+
+
+def scheduler_state_tensors(scheduler: ParamScheduler) -> dict[str, torch.Tensor]:
+    """The schedule's state (Megatron's keys) as checkpoint tensors: numbers as float64 (exact for sample
+    counts below 2**53), the styles as their index in the choices."""
+    state = {}
+    for key, value in scheduler.state_dict().items():
+        if key in STYLE_STATE_KEYS:
+            state[SCHEDULER_PREFIX + key] = torch.tensor(STYLE_STATE_KEYS[key].index(value), dtype=torch.int64)
+        else:
+            state[SCHEDULER_PREFIX + key] = torch.tensor(float(value), dtype=torch.float64)
+    return state
+
+
+def scheduler_state_from_tensors(state: dict[str, torch.Tensor]) -> dict[str, float | str]:
+    """`ParamScheduler.load_state_dict`'s input from a checkpoint's tensors (`scheduler_state_tensors`).
+
+    Raises:
+        CheckpointError: a style index is not one of the choices.
+    """
+    loaded: dict[str, float | str] = {key: float(state[SCHEDULER_PREFIX + key]) for key in NUMERIC_STATE_KEYS}
+    for key, choices in STYLE_STATE_KEYS.items():
+        index = int(state[SCHEDULER_PREFIX + key])
+        if not 0 <= index < len(choices):
+            raise CheckpointError(f"checkpoint tensor {SCHEDULER_PREFIX + key} is {index}: not a style index "
+                                  f"(0-{len(choices) - 1})")
+        loaded[key] = choices[index]
+    return loaded
 
 
 class LossScaler:
     """fp16 loss scaling: Megatron's DynamicGradScaler, or its ConstantGradScaler when ``loss_scale`` is
-    given; a constant 1 without fp16.
+    given (with fp16 or, as in Megatron, bf16); a constant 1 otherwise.
 
     The loss is multiplied by ``scale`` before backward; the caller divides the gradients by it and
     reports whether their global norm was finite. An overflow skips the step (also with a static scale)
@@ -122,8 +145,10 @@ class LossScaler:
 
     def __init__(self, config: PrecisionConfig) -> None:
         self.enabled = config.fp16 and config.loss_scale is None
-        if config.fp16:
-            self.scale = config.loss_scale if config.loss_scale is not None else config.initial_loss_scale
+        if config.loss_scale is not None:  # fp16 or bf16 (`PrecisionConfig`): Megatron's ConstantGradScaler
+            self.scale = config.loss_scale
+        elif config.fp16:
+            self.scale = config.initial_loss_scale
         else:
             self.scale = 1.0
         self.min_scale = config.min_loss_scale

@@ -24,6 +24,7 @@ import numpy as np
 
 from indexed_dataset.errors import TokenmillError
 from indexed_dataset.figures import new_figure, save_figure
+from indexed_dataset.path_rules import refuse_output_over_inputs
 
 from .metrics_records import SPLIT_KEY, MetricsRun, consumed_tokens
 
@@ -63,16 +64,20 @@ class Panel:
     twin_label: str = ""
     unless: str | None = None
     """Leave the panel out when this key has values (TFLOP/s only when MFU is unknown)."""
+    only_if_varying: bool = False
+    """Leave the panel out when every value is the same and the twin series is all zeros (an fp32/bf16 run's
+    loss scale is a flat 1.0 and it skips nothing: a panel that says nothing)."""
 
 
 # The panels we know, in the order shown; keys the runs lack drop out (see `panels_for`).
 KNOWN_PANELS = (
-    Panel("loss", "Loss (train solid, validation dashed)", "LM loss (nats/token)", evaluations=True),
-    Panel("perplexity", "Validation perplexity", "perplexity (log)", yscale="log", evaluations=True),
+    Panel("loss", "Loss (train solid, validation dashed, test crosses)", "LM loss (nats/token)", evaluations=True),
+    Panel("perplexity", "Evaluation perplexity (validation dashed, test crosses)", "perplexity (log)", yscale="log",
+          evaluations=True),
     Panel("lr", "Learning rate", "learning rate"),
     Panel("grad_norm", "Gradient norm", "global L2 norm (log)", yscale="log"),
     Panel("loss_scale", "Loss scale and skipped steps", "loss scale (log2)", yscale="log2",
-          twin_key="skipped_iterations", twin_label="skipped steps (total, dotted)"),
+          twin_key="skipped_iterations", twin_label="skipped steps (total, dotted)", only_if_varying=True),
     Panel("tokens_per_second", "Throughput", "tokens/s (whole run)"),
     Panel("mfu", "Model FLOPs utilisation", "MFU (% of dense bf16/fp16 peak)", factor=100.0),
     Panel("tflops_per_device", "Model TFLOP/s per device (MFU unknown on this device)", "TFLOP/s",
@@ -96,11 +101,23 @@ def _has_values(runs: Sequence[MetricsRun], key: str, evaluations: bool = False)
     return False
 
 
+def _varies(runs: Sequence[MetricsRun], panel: Panel) -> bool:
+    """Whether ``panel.key`` takes more than one value in some run, or its twin series is ever non-zero."""
+    for run in runs:
+        if len({record[panel.key] for record in run.train if _is_number(record.get(panel.key))}) > 1:
+            return True
+        if panel.twin_key and any(_is_number(record.get(panel.twin_key)) and record[panel.twin_key] != 0
+                                  for record in run.train):
+            return True
+    return False
+
+
 def panels_for(runs: Sequence[MetricsRun]) -> list[Panel]:
     """The panels these runs fill: known ones with values, then one per unknown numeric key."""
     panels = [panel for panel in KNOWN_PANELS
               if _has_values(runs, panel.key, panel.evaluations)
-              and not (panel.unless and _has_values(runs, panel.unless))]
+              and not (panel.unless and _has_values(runs, panel.unless))
+              and not (panel.only_if_varying and not _varies(runs, panel))]
     known = {panel.key for panel in KNOWN_PANELS} | {panel.twin_key for panel in KNOWN_PANELS} | NOT_PLOTTED
     extra = sorted({key for run in runs for record in run.train for key in record
                     if key not in known and _has_values([run], key)})
@@ -205,11 +222,12 @@ def plot_runs(runs: Sequence[MetricsRun], out: str | os.PathLike, x_axis: str = 
         The path written.
 
     Raises:
-        TokenmillError: no run has any plottable value, or (``x_axis="tokens"``) a run's records do not
-            give the consumed tokens; FigureError: matplotlib is missing or ``out`` is not .png/.svg.
+        TokenmillError: no run has any plottable value, ``out`` is one of the metrics files, or
+            (``x_axis="tokens"``) a run's records do not give the consumed tokens; FigureError: matplotlib is missing or ``out`` is not .png/.svg.
     """
     if x_axis not in X_AXES:
         raise ValueError(f"x_axis must be one of {', '.join(X_AXES)}, got {x_axis!r}")
+    refuse_output_over_inputs([out], [run.path for run in runs])
     panels = panels_for(runs)
     if not panels:
         raise TokenmillError(f"nothing to plot: {', '.join(str(run.path) for run in runs)} hold no numeric series")

@@ -15,6 +15,7 @@ particular to a model family (its shape, data, model, checkpoint names, HF weigh
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -40,21 +41,33 @@ from trainer.config import TrainConfig
 from trainer.data import Prefetcher, explained_sample_counts, step_iterator
 from trainer.distributed import DistContext, init_distributed, resolve_device_type
 from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
+from trainer.checkpoint_lengths import record_sequence_lengths
+from trainer.checkpoint_tokenizer import record_tokenizer, run_tokenizer
 from trainer.hf_files import copy_tokenizer_files, read_json
 from trainer.memory_report import gather_reports, measure_memory
 from trainer.metrics import MetricsWriter, StepTimer, TrainStats, device_peak_flops
+from trainer.metrics_records import METRICS_FILE_NAME
 from trainer.models import model_spec
 from trainer.moe.settings import check_family_has_experts
 from trainer.runner import ParallelModel
-from trainer.optim import LossScaler, LRSchedule, set_lr
+from trainer.save_directory import check_save_directory, claim_save_directory
+from trainer.optim import (
+    SCHEDULER_PREFIX,
+    LossScaler,
+    apply_schedule,
+    embedding_and_output_names,
+    scheduler_state_from_tensors,
+    scheduler_state_tensors,
+)
 from trainer.parallel_dims import ParallelDims, resolve_parallel_dims
 from trainer.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states, refresh_masters
 
 logger = logging.getLogger(__name__)
 
-METRICS_FILE_NAME = "metrics.jsonl"
 # Megatron seeds each pipeline stage differently so dropout masks differ between stages.
 PIPELINE_SEED_STRIDE = 100
+# Seconds between two progress lines of a long evaluation pass (a silent minute looks like a hang).
+EVAL_PROGRESS_INTERVAL_S = 5.0
 
 
 def recorded_hf_model_type(root: str | Path, known: tuple[str, ...]) -> str | None:
@@ -93,31 +106,42 @@ def train(config: TrainConfig) -> TrainResult:
     device_type = resolve_device_type(config.training.device)
     ctx = init_distributed(device_type)
     try:
-        return _Run(config, ctx).train()
+        with contextlib.ExitStack() as held:
+            return _Run(config, ctx, held).train()
     finally:
         if ctx.owns_process_group:
             dist.destroy_process_group()
 
 
 class _Run:
-    """Everything one training run holds; built in `__init__`, driven by `train`."""
+    """Everything one training run holds; built in `__init__`, driven by `train`. ``held`` keeps what the run
+    holds until it ends (the lock of its save directory)."""
 
-    def __init__(self, config: TrainConfig, ctx: DistContext) -> None:
+    def __init__(self, config: TrainConfig, ctx: DistContext, held: contextlib.ExitStack) -> None:
         self.config, self.ctx = config, ctx
-        check_load_path(config.checkpoint.load, config.checkpoint.save)
+        checkpoint = config.checkpoint
+        check_load_path(checkpoint.load, checkpoint.save)
+        check_save_directory(checkpoint.save, checkpoint.load, checkpoint.overwrite_save)
         # Everything that can fail on bad input happens before the first collective (mesh creation).
         self.spec = model_spec(config.model.model)
         self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size)
         # Megatron's split sizes: the validation split holds every evaluation's own samples.
         self.run_length = RunLength(train_iters=config.training.train_iters,
                                     global_batch_size=self.dims.global_batch_size,
-                                    eval_interval=config.logging.eval_interval, eval_iters=config.logging.eval_iters)
+                                    eval_interval=config.logging.eval_interval, eval_iters=config.logging.eval_iters,
+                                    train_samples=config.training.train_samples)
         with explained_sample_counts(self.run_length, config.data.split):
             parts = self.spec.training_parts(config, self.dims.tp, self.run_length.sizes())
         self.vocabulary, self.shape, self.collate = parts.vocabulary, parts.shape, parts.collate
+        data = config.data
+        # The tokenizer each checkpoint records (`trainer.checkpoint_tokenizer`).
+        files = {"vocab_file": data.vocab_file, "merge_file": data.merge_file, "tokenizer_model": data.tokenizer_model}
+        self.tokenizer = run_tokenizer(data.tokenizer_type, files, self.vocabulary.size)
         check_family_has_experts(config.moe.num_experts, self.shape, config.model.model)
         self.train_ds, self.valid_ds, self.test_ds = parts.datasets
         self.tokens_per_sample, self.flops_per_token = parts.tokens_per_sample, parts.flops_per_token
+        # After the checks of the config and data (a refused run creates nothing), before the first save.
+        held.enter_context(claim_save_directory(checkpoint.save, ctx.rank == 0, checkpoint.overwrite_save))
         self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
         coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
         self.dp_rank = coords["dp"]
@@ -134,12 +158,14 @@ class _Run:
         self.params = [p for _, p in self.model.named_parameters()]
         par = config.parallelism
         dp_group = self.mesh.get_group("dp") if self.mesh is not None and self.dims.dp > 1 else None
+        # Megatron's embedding and output layer (--decoupled-lr): the parameters whose rows are the vocabulary.
+        decoupled = embedding_and_output_names(self.model.named_parameters(), self.spec.vocab_rows)
         self.optimizer, kernel = build_zero_optimizer(self.model.named_parameters(), config.optimizer, par.zero_stage,
-                                                      par.cpu_offload, dp_group, ctx.device.type)
+                                                      par.cpu_offload, dp_group, ctx.device.type, decoupled)
         if ctx.rank == 0:
             logger.info("AdamW kernel: %s (ZeRO stage %d%s)", kernel, par.zero_stage,
                         ", optimiser on the CPU" if par.cpu_offload else "")
-        self.lr_schedule = LRSchedule.from_config(config.optimizer, config.training.train_iters)
+        self.scheduler = config.optimizer.scheduler(config.training, self.dims.global_batch_size)
         self.scaler = LossScaler(config.precision)
         self.iteration = self.consumed_samples = self.skipped = 0
         if config.checkpoint.load is not None:
@@ -167,6 +193,7 @@ class _Run:
                     "skipped_iterations": self.skipped}
         state |= {f"train.{k}": torch.tensor(v, dtype=torch.int64) for k, v in counters.items()}
         state |= {f"loss_scaler.{k}": v for k, v in self.scaler.state_dict().items()}
+        state |= scheduler_state_tensors(self.scheduler)
         state[f"rng.rank{self.ctx.rank}.cpu"] = torch.get_rng_state()
         if self.ctx.device.type == "cuda":
             state[f"rng.rank{self.ctx.rank}.cuda"] = torch.cuda.get_rng_state(self.ctx.device)
@@ -179,8 +206,11 @@ class _Run:
         # `convert-checkpoint --to-hf` and `generate` need no extra flags.
         if self.ctx.rank == 0:
             self.spec.save_model_config(root, self.shape, self.vocabulary, self.hf_model_type)
+            record_sequence_lengths(root, self.config, self.spec.unused_fields)
         if self.ctx.rank == 0 and self.config.checkpoint.load_hf is not None:
             copy_tokenizer_files(self.config.checkpoint.load_hf, root)
+        if self.ctx.rank == 0 and self.tokenizer is not None:
+            record_tokenizer(root, self.tokenizer)
         save_checkpoint(root, self.iteration, self.model.checkpoint_state(self._state()))
 
     def _load(self) -> None:
@@ -212,15 +242,20 @@ class _Run:
         full_optimizer_state = optimizer_states(self.optimizer)
         state = self._state(full_optimizer_state)
         rng_names = frozenset(name for name in state if name.startswith("rng."))
+        scheduler_names = frozenset(name for name in state if name.startswith(SCHEDULER_PREFIX))
         saved_state = self.model.checkpoint_state(state)
-        loaded = load_checkpoint(root, iteration, saved_state, optional=rng_names, model_names=model_names,
-                                 verify=verify, vocab_rows=self._vocab_rows(saved_state))
+        loaded = load_checkpoint(root, iteration, saved_state, optional=rng_names | scheduler_names,
+                                 model_names=model_names, verify=verify, vocab_rows=self._vocab_rows(saved_state))
         self.model.restore_checkpoint_state(saved_state, state)
         load_optimizer_states(self.optimizer, full_optimizer_state)
         self.iteration = int(state["train.iteration"])
         self.consumed_samples = int(state["train.consumed_samples"])
         self.skipped = int(state["train.skipped_iterations"])
         self.scaler.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("loss_scaler.")})
+        if scheduler_names <= loaded:
+            self.scheduler.load_state_dict(scheduler_state_from_tensors(state))
+        else:  # a checkpoint from before the schedule was saved: its schedule counted the steps taken
+            self.scheduler.step((self.iteration - self.skipped) * self.dims.global_batch_size)
         for name in rng_names & loaded:
             if name.endswith(".cpu"):
                 torch.set_rng_state(state[name])
@@ -275,9 +310,17 @@ class _Run:
         self.model.set_train(False)
         self.model.loss_scale = 1.0
         total = 0.0
-        for _, microbatches in zip(range(self.config.logging.eval_iters), batches):
+        started = last_line = time.monotonic()
+        for done, microbatches in enumerate(batches, start=1):
             loss_sum, holds_loss = self.model.run([mb.to(self.ctx.device) for mb in microbatches], train=False)
             total += reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
+            if done == self.config.logging.eval_iters:
+                break
+            now = time.monotonic()
+            if self.ctx.rank == 0 and now - last_line >= EVAL_PROGRESS_INTERVAL_S:
+                logger.info(" %s evaluation at iteration %d: %d/%d batches (%.0f s)", split, self.iteration, done,
+                            self.config.logging.eval_iters, now - started)
+                last_line = now
         self.model.set_train(True)
         loss = total / self.config.logging.eval_iters
         self.writer.evaluation(self.iteration, split, loss)
@@ -298,11 +341,13 @@ class _Run:
                 microbatches = [mb.to(self.ctx.device) for mb in next(batches)]
                 data_time = time.perf_counter() - start
                 self.iteration += 1
-                # As Megatron, the schedule advances only after a step that was taken: after a skipped fp16
-                # step (overflow) the next step runs at the same learning rate.
-                lr = self.lr_schedule(self.iteration - self.skipped)
-                set_lr(self.optimizer, lr)
+                # The rates of the samples consumed before this step (Megatron's). The schedule advances only
+                # after a step that was taken: after a skipped fp16 step the next runs at the same rates.
+                apply_schedule(self.optimizer, self.scheduler)
+                lr, skipped = self.scheduler.lr(), self.skipped
                 loss, norm, auxiliary = self._step(microbatches)
+                if self.skipped == skipped:
+                    self.scheduler.step(gbs)
                 if cfg.logging.print_memory and self.iteration == result.iteration + 1:
                     self._report_memory()
                 self.consumed_samples += gbs

@@ -152,7 +152,8 @@ class ShardedAdamW:
     """
 
     def __init__(self, named_params: list[tuple[str, nn.Parameter]], config: OptimizerConfig,
-                 group: dist.ProcessGroup | None, offload: bool, device_type: str) -> None:
+                 group: dist.ProcessGroup | None, offload: bool, device_type: str,
+                 decoupled: frozenset[str] = frozenset()) -> None:
         self.group = group
         self.world = dist.get_world_size(group) if group is not None else 1
         rank = dist.get_rank(group) if group is not None else 0
@@ -164,7 +165,8 @@ class ShardedAdamW:
         if offload and kernel == "foreach":  # all plain CPU tensors
             kernel = CPU_FUSED_KERNEL
         self.kernel = kernel
-        self.inner = build_optimizer(masters, config, decayed=decayed, **ADAMW_KERNEL_OPTIONS[kernel])
+        self.inner = build_optimizer(masters, config, decayed=decayed, decoupled=decoupled,
+                                     **ADAMW_KERNEL_OPTIONS[kernel])
         # The devices whose gradient copies to the host a step waits for (none when nothing is offloaded).
         self.copy_devices = {piece.flat.device for piece in self.slices.values() if piece.offload}
 
@@ -258,13 +260,13 @@ class ShardedAdamW:
 
 
 def build_zero_optimizer(named_params: list[tuple[str, nn.Parameter]], config: OptimizerConfig, zero_stage: int,
-                         offload: bool, dp_group: dist.ProcessGroup | None, device_type: str
-                         ) -> tuple[torch.optim.AdamW | ShardedAdamW, str]:
+                         offload: bool, dp_group: dist.ProcessGroup | None, device_type: str,
+                         decoupled: frozenset[str] = frozenset()) -> tuple[torch.optim.AdamW | ShardedAdamW, str]:
     """The run's optimiser and the name of its AdamW kernel (`trainer.optim.ADAMW_KERNEL_OPTIONS`).
 
     `ShardedAdamW` at stage 1 over several data-parallel ranks and wherever the optimiser is offloaded
     outside FSDP2; a plain AdamW otherwise (over FSDP2's sharded DTensors at stages 2-3, whose offload is
-    FSDP2's own `CPUOffloadPolicy`).
+    FSDP2's own `CPUOffloadPolicy`). ``decoupled``: the embedding and output layer's names (--decoupled-lr).
     """
     dp = dist.get_world_size(dp_group) if dp_group is not None else 1
     if uses_fsdp(zero_stage, dp) or not (offload or (zero_stage >= 1 and dp > 1)):
@@ -273,8 +275,8 @@ def build_zero_optimizer(named_params: list[tuple[str, nn.Parameter]], config: O
         kernel = select_adamw_kernel(step_device, params)
         if offload and kernel == "foreach":
             kernel = CPU_FUSED_KERNEL
-        return build_optimizer(named_params, config, **ADAMW_KERNEL_OPTIONS[kernel]), kernel
-    optimizer = ShardedAdamW(named_params, config, dp_group if dp > 1 else None, offload, device_type)
+        return build_optimizer(named_params, config, decoupled=decoupled, **ADAMW_KERNEL_OPTIONS[kernel]), kernel
+    optimizer = ShardedAdamW(named_params, config, dp_group if dp > 1 else None, offload, device_type, decoupled)
     return optimizer, optimizer.kernel
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from dataclasses import dataclass
 
 # The tokenizer types we build; each names the option fields it reads (every other option must stay
@@ -53,10 +54,11 @@ class TokenizerConfig:
         required = TOKENIZER_OPTIONS.get(self.tokenizer_type)
         if required is None:
             raise ValueError(f"tokenizer_type {self.tokenizer_type!r} is not one of {', '.join(TOKENIZER_TYPES)}")
+        missing = [name for name in required if getattr(self, name) is None]
+        if missing:  # all of them at once: a user fixing one at a time would run again for each
+            raise ValueError(f"{self.tokenizer_type} needs {' and '.join(missing)}")
         for name in _OPTION_FIELDS:
             value = getattr(self, name)
-            if name in required and value is None:
-                raise ValueError(f"{self.tokenizer_type} needs {name}")
             if name not in required and value is not None:
                 raise ValueError(f"{name} is not used by {self.tokenizer_type}")
         bert = self.tokenizer_type in BERT_TOKENIZER_TYPES
@@ -72,6 +74,12 @@ class TokenizerConfig:
             raise ValueError("tokenizer_bert_include_special_tokens contradicts tokenizer_hf_include_special_tokens=False")
         if self.vocab_size is not None and self.vocab_size < 1:
             raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+
+    def files(self) -> list[str]:
+        """The files the tokenizer is read from (vocabulary, merges, model file; not a model folder or
+        hub name): what no output of the same command may overwrite."""
+        return [path for path in (self.vocab_file, self.merge_file, self.tokenizer_model)
+                if path and os.path.isfile(path)]
 
 
 def dataclass_from_args(cls, args: argparse.Namespace, **overrides):

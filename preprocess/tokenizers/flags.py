@@ -9,6 +9,7 @@ SentencePiece model) is `GPTSentencePieceTokenizer`; `--merges-file` is `--merge
 from __future__ import annotations
 
 import argparse
+import re
 
 from .config import TOKENIZER_TYPES, TokenizerConfig, dataclass_from_args
 
@@ -25,11 +26,20 @@ LIBAI_UNSUPPORTED = {
 }
 
 
-def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+# `TokenizerConfig` field -> the flag that sets it, so that its errors name what the user types.
+FIELD_FLAGS = {"vocab_file": "--vocab-file", "merge_file": "--merge-file", "tokenizer_model": "--tokenizer-model",
+               "vocab_size": "--vocab-size", "chinese_wwm": "--do-chinese-wwm",
+               "tokenizer_bert_include_special_tokens": "--tokenizer-bert-include-special-tokens",
+               "tokenizer_type": "--tokenizer-type"}
+_FIELD_NAMES = re.compile(r"(?<![\w-])(" + "|".join(FIELD_FLAGS) + r")(?![\w-])")
+
+
+def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = True, preprocessing: bool = True) -> None:
     """Add `--tokenizer-type` (or LiBai's `--tokenizer-name` with `--do-lower-case`), `--do-chinese-wwm`,
     `--vocab-file` (alias `--vocab`), `--merge-file` (alias `--merges-file`), `--tokenizer-model`,
     `--vocab-size`, `--tokenizer-hf-no-include-special-tokens` and `--tokenizer-bert-include-special-tokens`
-    to `parser`."""
+    to `parser`. Without ``preprocessing`` (commands that read a model's text, not a corpus), the two flags
+    that only shape a corpus's ids (`--do-chinese-wwm`, `--tokenizer-bert-include-special-tokens`) are left out."""
     group = parser.add_argument_group("tokenizer")
     kind = group.add_mutually_exclusive_group(required=required)
     kind.add_argument("--tokenizer-type", choices=TOKENIZER_TYPES, help="tokenizer kind")
@@ -39,9 +49,10 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
                            "(GPTSentencePieceTokenizer; --vocab-file is its SentencePiece model)")
     group.add_argument("--do-lower-case", action="store_true",
                        help="LiBai's spelling, with --tokenizer-name BertTokenizer: the uncased WordPiece")
-    group.add_argument("--do-chinese-wwm", dest="chinese_wwm", action="store_true",
-                       help="BertWordPiece*: write each character that continues a Chinese word (jieba, up to 3 "
-                            "characters) as its ##X id, for whole-word masking (LiBai's flag)")
+    if preprocessing:
+        group.add_argument("--do-chinese-wwm", dest="chinese_wwm", action="store_true",
+                           help="BertWordPiece*: write each character that continues a Chinese word (jieba, up to 3 "
+                                "characters) as its ##X id, for whole-word masking (LiBai's flag)")
     group.add_argument("--vocab-file", "--vocab", dest="vocab_file", help="GPT-2 vocab.json or BERT vocab.txt")
     group.add_argument("--merge-file", "--merges-file", dest="merge_file", help="GPT-2 merges.txt")
     group.add_argument("--tokenizer-model", help="SentencePiece .model, or local tokenizer.json / its directory")
@@ -53,6 +64,8 @@ def add_tokenizer_arguments(parser: argparse.ArgumentParser, required: bool = Tr
         help="HuggingFaceTokenizer: do not add the tokenizer's special tokens (e.g. BOS) to every text; "
              "BertWordPiece*: accepted, and already the default (no [CLS]/[SEP])",
     )
+    if not preprocessing:
+        return
     group.add_argument(
         "--tokenizer-bert-include-special-tokens",
         action="store_true",
@@ -82,7 +95,10 @@ def tokenizer_config_from_args(args: argparse.Namespace) -> TokenizerConfig | No
                          "(with --tokenizer-type, choose BertWordPieceLowerCase)")
     if args.tokenizer_type is None:
         return None
-    return dataclass_from_args(TokenizerConfig, args)
+    try:
+        return dataclass_from_args(TokenizerConfig, args)
+    except ValueError as error:
+        raise ValueError(_FIELD_NAMES.sub(lambda match: FIELD_FLAGS[match.group()], str(error))) from None
 
 
 def _libai_tokenizer_type(name: str, lower_case: bool) -> str:

@@ -39,7 +39,11 @@ _SPECIALS_PROBE = "a"
 
 
 def _named_token(directory: str, name: str) -> str | None:
-    """The content of a named special token (e.g. "eos_token") from the config files, if any."""
+    """The content of a named special token (e.g. "eos_token") from the config files, if any.
+
+    Raises:
+        TokenizerError: a config file names it with something other than a string (or a dict holding one).
+    """
     for config in _CONFIG_FILES:
         path = os.path.join(directory, config)
         if not os.path.isfile(path):
@@ -49,10 +53,13 @@ def _named_token(directory: str, name: str) -> str | None:
                 value = json.load(f).get(name)
         except (OSError, ValueError, AttributeError) as error:
             raise TokenizerError(f"{path}: cannot read: {error}") from None
-        if isinstance(value, dict):
-            value = value.get("content")
-        if isinstance(value, str):
-            return value
+        # A dict is an AddedToken written out: {"content": "</s>", "special": true, ...}.
+        content = value.get("content") if isinstance(value, dict) else value
+        if isinstance(content, str):
+            return content
+        if value is not None:
+            raise TokenizerError(f"{path}: {name} must be a token string or {{\"content\": string}}, "
+                                 f"got {value!r}")
     return None
 
 

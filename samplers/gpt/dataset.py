@@ -16,7 +16,7 @@ import torch
 
 from ..builder import MidLevelSplit
 from ..config import GPTDatasetConfig
-from .indices import read_sample
+from .indices import locate_token, read_sample
 
 
 def reset_position_ids(tokens: np.ndarray, eod_id: int) -> np.ndarray:
@@ -64,6 +64,10 @@ class GPTDataset(torch.utils.data.Dataset):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def locate_token(self, idx: int, token_id: int) -> str | None:
+        """Where item `idx` holds `token_id`: "PATH: document D", or None (to name a bad id's source)."""
+        return locate_token(self.dataset, self.indices, int(idx), self.config.extra_tokens, token_id)
 
     def __getitem__(self, idx: int) -> dict[str, torch.Tensor]:
         config = self.config

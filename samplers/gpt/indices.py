@@ -26,9 +26,13 @@ from ..indices import (
     build_document_index,
     build_sample_index,
     build_shuffle_index,
+    check_index_fits,
     final_epoch_split,
     num_epochs,
+    num_samples_in_epochs,
+    sample_index_dtype,
     sequence_id_dtype,
+    shuffle_index_dtype,
 )
 from ..sources import TokenSource
 
@@ -128,6 +132,22 @@ def plan_epochs(sequence_lengths: np.ndarray, spec: GPTIndexSpec) -> EpochPlan:
     return EpochPlan(num_tokens, epochs, separate, before_final)
 
 
+def gpt_index_bytes(num_sequences: int, spec: GPTIndexSpec, plan: EpochPlan) -> int:
+    """Bytes of the arrays `build_gpt_indices` returns, from their lengths and dtypes, without building them.
+
+    Args:
+        num_sequences: sequences S of the whole dataset (chooses the document index dtype).
+        spec: the split and sampling parameters.
+        plan: the split's epochs (`plan_epochs`).
+    """
+    positions = plan.num_epochs * (spec.end - spec.begin)
+    samples = num_samples_in_epochs(plan.num_epochs * plan.num_tokens_per_epoch, spec.sequence_length,
+                                    spec.extra_tokens, spec.drop_last_partial_sample)
+    return (positions * sequence_id_dtype(num_sequences).itemsize
+            + (samples + 1) * 2 * sample_index_dtype(positions).itemsize
+            + samples * shuffle_index_dtype(samples).itemsize)
+
+
 def build_gpt_indices(
     sequence_lengths: np.ndarray, spec: GPTIndexSpec, timings: Optional[PhaseTimings] = None
 ) -> dict[str, np.ndarray]:
@@ -194,21 +214,34 @@ def load_or_build_gpt_indices(
         spec: the split and sampling parameters.
         cache: where to look for and store the arrays.
         timings: accumulates the build seconds per phase (nothing is added on a cache hit).
+
+    Raises:
+        IndexMemoryError: the arrays to build would not fit in this machine's available memory.
     """
     plan = plan_epochs(dataset.sequence_lengths, spec)
     description = gpt_index_description(dataset, split_name, spec)
     name = f"{os.path.basename(dataset.prefix)}-{split_name}"
-    arrays = cache.load_or_build(
-        name, description, GPT_INDEX_KINDS, lambda: build_gpt_indices(dataset.sequence_lengths, spec, timings)
-    )
+
+    def build() -> dict[str, np.ndarray]:
+        asked = f"{spec.num_samples} samples" if spec.num_samples else "one epoch"
+        check_index_fits(gpt_index_bytes(len(dataset.sequence_lengths), spec, plan),
+                         f"{dataset.prefix} {split_name}: {asked} of {spec.sequence_length} tokens "
+                         f"({plan.num_epochs} epochs)")
+        return build_gpt_indices(dataset.sequence_lengths, spec, timings)
+
+    arrays = cache.load_or_build(name, description, GPT_INDEX_KINDS, build)
     indices = GPTIndices(plan=plan, **arrays)
     if len(indices) == 0:
         logger.warning("%s %s: fewer tokens than one sample of %d (+%d) tokens: no samples",
                        dataset.prefix, split_name, spec.sequence_length, spec.extra_tokens)
+    # A requested size is rounded up to whole epochs: say both numbers, or a user reads the larger as a mistake.
+    counted = (f"{len(indices)} samples" if not spec.num_samples
+               else f"{spec.num_samples} samples requested, {len(indices)} indexed (whole epochs)")
     logger.info(
-        "%s %s: sequences [%d, %d), %d tokens/epoch, %d epoch(s)%s, %d samples",
+        "%s %s: sequences [%d, %d), %d tokens/epoch, %d %s%s, %s",
         dataset.prefix, split_name, spec.begin, spec.end, plan.num_tokens_per_epoch, plan.num_epochs,
-        " (last shuffled apart)" if plan.separate_final_epoch else "", len(indices),
+        "epoch" if plan.num_epochs == 1 else "epochs", " (last shuffled apart)" if plan.separate_final_epoch else "",
+        counted,
     )
     return indices
 
@@ -230,18 +263,39 @@ def read_sample(dataset: TokenSource, indices: GPTIndices, idx: int, sequence_le
     Raises:
         IndexError: idx is out of range.
     """
+    tokens = np.full(sequence_length + extra_tokens, pad_id, dtype=np.int64)
+    filled = 0
+    for sequence, offset, length in sample_pieces(indices, idx, extra_tokens):
+        part = dataset.get(sequence, offset=offset, length=length)
+        tokens[filled : filled + len(part)] = part
+        filled += len(part)
+    return tokens
+
+
+def sample_pieces(indices: GPTIndices, idx: int, extra_tokens: int) -> list[tuple[int, int, int | None]]:
+    """The pieces of sequences item `idx` is made of: (sequence id, first token, tokens or None: to its end).
+
+    Raises:
+        IndexError: idx is out of range.
+    """
     if not -len(indices) <= idx < len(indices):
         raise IndexError(f"sample {idx} out of range for a split of {len(indices)} samples")
     sample = int(indices.shuffle_index[idx])
     begin_position, begin_offset = (int(v) for v in indices.sample_index[sample])
     end_position, end_offset = (int(v) for v in indices.sample_index[sample + 1])
-    tokens = np.full(sequence_length + extra_tokens, pad_id, dtype=np.int64)
-    filled = 0
+    pieces = []
     for position in range(begin_position, end_position + 1):
         offset = begin_offset if position == begin_position else 0
         length = end_offset + extra_tokens - offset if position == end_position else None
-        part = dataset.get(int(indices.document_index[position]), offset=offset, length=length)
-        tokens[filled : filled + len(part)] = part
-        filled += len(part)
-    return tokens
+        pieces.append((int(indices.document_index[position]), offset, length))
+    return pieces
+
+
+def locate_token(dataset: TokenSource, indices: GPTIndices, idx: int, extra_tokens: int, token_id: int) -> str | None:
+    """Where item `idx` holds `token_id`: "PATH: document D" (the document's index in the dataset), or None."""
+    for sequence, offset, length in sample_pieces(indices, idx, extra_tokens):
+        if (dataset.get(sequence, offset=offset, length=length) == token_id).any():
+            document = int(np.searchsorted(dataset.document_indices, sequence, side="right")) - 1
+            return f"{dataset.prefix}: document {document}"
+    return None
 

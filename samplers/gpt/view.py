@@ -76,7 +76,7 @@ def training_view(data: str | Sequence[str], config: TrainingViewConfig,
 def format_training_view(view: list[dict | None], config: TrainingViewConfig) -> str:
     """The text `inspect-index` prints for a training view."""
     lines = [f"training view   seq-length {config.sequence_length}, split {config.split}, seed {config.seed}"]
-    for name, split in zip(SPLIT_NAMES, view):
+    for name, split, wanted in zip(SPLIT_NAMES, view, config.sizes):
         if split is None:
             lines.append(f"{name:<16}absent")
             continue
@@ -86,7 +86,7 @@ def format_training_view(view: list[dict | None], config: TrainingViewConfig) ->
                 if member is not None:
                     lines.append(f"  {member['weight']:.4f} {member['path']}: {_split_summary(member)}")
         else:
-            lines.append(f"{name:<16}{_split_summary(split)}")
+            lines.append(f"{name:<16}{_split_summary(split, wanted)}")
         for sample_id, sample in split["samples"].items():
             shown = sample["text"] if "text" in sample else " ".join(map(str, sample["tokens"]))
             source = f" (member {sample['member']})" if "member" in sample else ""
@@ -94,9 +94,12 @@ def format_training_view(view: list[dict | None], config: TrainingViewConfig) ->
     return "\n".join(lines)
 
 
-def _split_summary(split: dict) -> str:
-    """"sequences [b, e), T tokens per epoch, E epochs, N samples" of one dataset's split."""
+def _split_summary(split: dict, wanted: int | None = None) -> str:
+    """"sequences [b, e), T tokens per epoch, E epochs, N samples" of one dataset's split; with a requested
+    size ``wanted``, "R requested, N indexed (whole epochs)": the index covers whole epochs."""
     begin, end = split["sequence_range"]
     shuffled_apart = " (last one shuffled apart)" if split["separate_final_epoch"] else ""
     return (f"sequences [{begin}, {end}), {split['num_tokens_per_epoch']} tokens per epoch, "
-            f"{split['num_epochs']} epochs{shuffled_apart}, {split['num_samples']} samples")
+            f"{split['num_epochs']} {'epoch' if split['num_epochs'] == 1 else 'epochs'}{shuffled_apart}, "
+            + (f"{split['num_samples']} samples" if not wanted
+               else f"{wanted} requested, {split['num_samples']} indexed (whole epochs)"))

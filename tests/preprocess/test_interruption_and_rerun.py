@@ -26,8 +26,10 @@ from preprocess import cli
 from preprocess_testing import GPT2_FLAGS, REPO, SAMPLE, read_bytes, same_dataset, write_jsonl
 
 KEYS_AND_FORMATS = ["--json-keys", "text", "src", "--output-format", "mmap", "arrow", "mindrecord"]
+# Every output, and beside each Arrow and MindRecord one its checksum manifest (indexed_dataset.checksums).
 OUTPUTS = sorted(f"out_{key}_document{suffix}" for key in ("text", "src")
-                 for suffix in (".bin", ".idx", "_arrow", ".mindrecord", ".mindrecord.db"))
+                 for suffix in (".bin", ".idx", "_arrow", "_arrow.sha256sums", ".mindrecord", ".mindrecord.db",
+                                ".mindrecord.sha256sums"))
 WAIT_SECONDS = 60
 
 

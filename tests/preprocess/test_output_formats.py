@@ -55,7 +55,8 @@ def test_every_format_in_one_pass_equals_converting_the_mmap_output(tmp_path, le
 
 def test_arrow_only_with_kept_fields(tmp_path, files_in):
     assert run(tmp_path, "--output-format", "arrow", "--keep-fields", "id,src,score") == 0
-    assert files_in() == ["in.jsonl", "out_done", "out_text_document_arrow"]
+    # Beside the Arrow folder, its checksum manifest (indexed_dataset.checksums).
+    assert files_in() == ["in.jsonl", "out_done", "out_text_document_arrow", "out_text_document_arrow.sha256sums"]
     loaded = datasets.load_from_disk(str(tmp_path / "out_text_document_arrow"))
     assert loaded.column_names == ["input_ids", "id", "src", "score"]
     assert loaded["id"] == [d["id"] for d in DOCUMENTS] and loaded["src"] == [d["src"] for d in DOCUMENTS]

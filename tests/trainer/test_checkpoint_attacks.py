@@ -27,7 +27,7 @@ from hf_testing import make_tiny_hf
 from trainer_testing import argv_for, tiny_config
 
 from trainer.checkpoint import METADATA_FILE, checkpoint_dir
-from trainer.checkpoint_manifest import MANIFEST_FILE, write_manifest
+from trainer.checkpoint_manifest import MANIFEST_FILE, MANIFESTED_FILE, write_manifest
 from trainer.cli import main as train_main
 from trainer.errors import CheckpointError
 from trainer.convert_cli import main as convert_main
@@ -231,7 +231,8 @@ def test_no_verify_loads_a_flipped_bit_and_an_old_checkpoint_loads_unverified(sa
     directory = checkpoint_dir(root, ITERATION)
     _flip_a_bit(_shard(directory))
     assert convert_main(["--from", str(root), "--to-hf", str(tmp_path / "flipped"), "--no-verify"]) == 0
-    (directory / MANIFEST_FILE).unlink()  # what a checkpoint saved before manifests looks like
+    (directory / MANIFEST_FILE).unlink()  # what a checkpoint saved before manifests looks like: neither file
+    (directory / MANIFESTED_FILE).unlink()
     assert convert_main(["--from", str(root), "--to-hf", str(tmp_path / "old")]) == 0
     assert f"has no {MANIFEST_FILE}" in caplog.text
 

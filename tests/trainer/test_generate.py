@@ -101,7 +101,8 @@ def test_cli_prints_text_and_json_with_the_stored_tokenizer(tokenizer_hf, tmp_pa
     assert [r["prompt"] for r in records] == ["Hello, my name is", "The quick brown fox"]
     assert all(len(r["ids"]) == 6 and isinstance(r["text"], str) for r in records)
     assert main(argv) == 0
-    assert capsys.readouterr().out.splitlines() == [r["text"] for r in records]
+    assert capsys.readouterr().out.splitlines() == [line for n, r in enumerate(records, start=1) for line in (
+        f"--- prompt {n} ---", r["prompt"], f"--- continuation {n} ---", *r["text"].split("\n"))]
     assert main(["--load", str(tokenizer_hf), "--prompt-ids", " ".join(map(str, records[0]["ids"][:2])), "--json",
                  "--greedy", "--max-new-tokens", "3"]) == 0
     assert json.loads(capsys.readouterr().out)["prompt"] == records[0]["ids"][:2]

@@ -41,7 +41,8 @@ FP32_BYTES = 4
 MOMENTS, STEP_BYTES = 2, 4
 MOE = MoEConfig(num_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.01, moe_z_loss_coeff=0.001)
 BF16 = PrecisionConfig(bf16=True)
-README = Path(__file__).resolve().parents[2] / "README.md"
+# The example lives in the MoE page of the documentation (moved there from README.md).
+README = Path(__file__).resolve().parents[2] / "docs" / "moe.md"
 README_EXAMPLE = "# DeepSpeed's \"T5 (FP16 + MoE + ZeRO stage 2)\""
 
 

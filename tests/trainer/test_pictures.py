@@ -100,8 +100,9 @@ def test_plot_metrics_draws_a_png_and_an_svg_of_several_runs(tiny_run, tmp_path)
 def test_the_panels_follow_the_records(tiny_run):
     run = read_run(tiny_run)
     keys = [panel.key for panel in panels_for([run])]
-    # An fp32 CPU run: no MFU (the device's peak is unknown), so TFLOP/s instead; no MoE panels.
-    assert keys == ["loss", "perplexity", "lr", "grad_norm", "loss_scale", "tokens_per_second", "tflops_per_device"]
+    # An fp32 CPU run: no MFU (the device's peak is unknown), so TFLOP/s instead; no MoE panels; no loss-scale
+    # panel (a flat 1.0, nothing skipped: see tests/trainer/test_new_user_evaluation.py).
+    assert keys == ["loss", "perplexity", "lr", "grad_norm", "tokens_per_second", "tflops_per_device"]
     moe = MetricsRun(name="moe", path=run.path, evaluations=run.evaluations,
                      train=[{**record, "mfu": 0.4, "moe_aux_loss": 0.01, "expert_load": [0.5, 0.25, 0.25],
                              "router_z_loss": 0.002} for record in run.train])

@@ -6,9 +6,8 @@ import math
 
 import pytest
 
-from trainer_testing import result_record, tiny_config
+from trainer_testing import lr_after_steps, result_record, tiny_config
 
-from trainer.optim import LRSchedule
 
 STEPS = 3
 FP16_STEPS = 6
@@ -52,10 +51,11 @@ def test_fp16_skips_overflowing_steps_backs_off_and_holds_the_learning_rate(tiny
     steps = [line for line in lines if "lr" in line]
     skipped = sum(not math.isfinite(norm) for norm in result["grad_norms"])
     assert 0 < skipped < FP16_STEPS
-    # warm-up is 2 steps: every skipped step repeats step 1's rate; the taken ones then follow the schedule
-    schedule = LRSchedule.from_config(config.optimizer, FP16_STEPS)
-    assert [s["lr"] for s in steps] == pytest.approx([schedule(1)] * (skipped + 1)
-                                                     + [schedule(k) for k in range(2, FP16_STEPS - skipped + 1)])
+    # warm-up is 2 steps: every skipped step repeats step 1's rate (0, the warm-up's start, as Megatron); the
+    # taken ones then follow the schedule
+    expected = [lr_after_steps(config, 0)] * (skipped + 1) + [lr_after_steps(config, k)
+                                                              for k in range(1, FP16_STEPS - skipped)]
+    assert [s["lr"] for s in steps] == pytest.approx(expected)
 
 
 def test_a_static_loss_scale_never_changes(tiny_prefix, cache_dir, tmp_path):

@@ -5,35 +5,39 @@ import math
 import pytest
 from trainer_testing import tiny_config
 
-from trainer.config import OptimizerConfig, PrecisionConfig
+from trainer.config import OptimizerConfig, PrecisionConfig, TrainingConfig
 from trainer.errors import TrainConfigError
 from trainer.models.gpt.training import flops_per_token
 from trainer.models.gpt.model import GPTShape
-from trainer.optim import LossScaler, LRSchedule
+from trainer.optim import LossScaler
 from trainer.parallel_dims import pad_vocab_size, resolve_parallel_dims
 
 
-def schedule(style, **kwargs):
+def lr_after(style, steps, **kwargs):
+    """The learning rate of the step after ``steps`` taken (batch 1: a step is a sample)."""
     config = OptimizerConfig(lr=1.0, min_lr=0.1, lr_decay_style=style, lr_warmup_iters=10, **kwargs)
-    return LRSchedule.from_config(config, train_iters=110)
+    scheduler = config.scheduler(TrainingConfig(train_iters=110), global_batch_size=1)
+    scheduler.step(steps)
+    return scheduler.lr()
 
 
 def test_warmup_is_linear_from_zero():
-    lr = schedule("cosine")
-    assert [lr(i) for i in (1, 5, 10)] == pytest.approx([0.1, 0.5, 1.0])
+    # Megatron's: step 1 runs at the rate of 0 samples (the warm-up's start), step 11 at the peak. (This test
+    # used to expect 0.1 at step 1: the old schedule ran one step ahead of Megatron's.)
+    assert [lr_after("cosine", taken) for taken in (0, 4, 10)] == pytest.approx([0.0, 0.4, 1.0])
 
 
 @pytest.mark.parametrize(("style", "midpoint"), [("linear", 0.55), ("cosine", 0.55), ("constant", 1.0)])
 def test_decay_styles_reach_min_lr_at_decay_iters(style, midpoint):
-    lr = schedule(style)
-    assert lr(60) == pytest.approx(midpoint)
-    assert lr(110) == pytest.approx(1.0 if style == "constant" else 0.1)
-    assert lr(500) == pytest.approx(1.0 if style == "constant" else 0.1)
+    assert lr_after(style, 60) == pytest.approx(midpoint)
+    assert lr_after(style, 110) == pytest.approx(1.0 if style == "constant" else 0.1)
+    assert lr_after(style, 500) == pytest.approx(1.0 if style == "constant" else 0.1)
 
 
-def test_warmup_fraction_counts_from_decay_iters():
-    config = OptimizerConfig(lr=1.0, lr_warmup_fraction=0.1, lr_decay_iters=200)
-    assert LRSchedule.from_config(config, train_iters=50).warmup_iters == 20
+def test_warmup_fraction_is_of_the_decay_samples_unrounded():
+    config = OptimizerConfig(lr=1.0, lr_warmup_fraction=0.1, lr_decay_iters=205)
+    scheduler = config.scheduler(TrainingConfig(train_iters=50), global_batch_size=4)
+    assert scheduler.lr_warmup_steps == pytest.approx(82.0)
 
 
 def test_loss_scale_halves_after_hysteresis_and_doubles_after_window():

@@ -99,6 +99,14 @@ def argv_for(config: TrainConfig) -> list[str]:
     return argv
 
 
+def lr_after_steps(config: TrainConfig, taken: int) -> float:
+    """The learning rate of the step that follows ``taken`` steps of ``config`` (an iteration-based run: any
+    batch size gives the same rates)."""
+    scheduler = config.optimizer.scheduler(config.training, global_batch_size=1)
+    scheduler.step(taken)
+    return scheduler.lr()
+
+
 def result_record(config: TrainConfig) -> dict:
     """Run ``config`` and return its result as plain data."""
     return dataclasses.asdict(train(config))

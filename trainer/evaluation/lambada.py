@@ -14,14 +14,17 @@ Input: JSON lines ``{"text": "..."}`` (Megatron's and OpenAI's LAMBADA release).
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from indexed_dataset.structured_files import DATA_FILE_LIMIT_BYTES, parse_json, read_bounded_text
 from preprocess.tokenizers import Tokenizer
 from trainer.evaluation.scoring import EvalDataError, EvalModel, ScoreRow, score_rows
+
+# A passage is its context and its last word, the target.
+MIN_PASSAGE_WORDS = 2
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,23 +53,25 @@ def read_lambada(path: str | Path) -> list[str]:
 
     Raises:
         EvalDataError: unreadable file, a line that is not a JSON object with a non-empty ``text`` string,
-            or no passage at all (naming the file and line).
+            a passage of one word (no context), or no passage at all (naming the file and line).
     """
     try:
-        lines = Path(path).read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise EvalDataError(f"{path}: cannot read ({error})") from None
+        lines = read_bounded_text(path, DATA_FILE_LIMIT_BYTES, error=EvalDataError).splitlines()
+    except OSError as error:
+        raise EvalDataError(f"{path}: cannot read ({error.strerror})") from None
     texts = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise EvalDataError(f"{path} line {number}: not JSON ({error.msg})") from None
+        record = parse_json(line, f"{path} line {number}", error=EvalDataError)
         text = record.get("text") if isinstance(record, dict) else None
         if not isinstance(text, str) or not text.strip():
             raise EvalDataError(f'{path} line {number}: expected an object with a non-empty "text" string')
+        if len(text.split()) < MIN_PASSAGE_WORDS:
+            # Its last word is all there is: nothing to predict it from (non-strict scoring would predict the
+            # word's last token from its first ones).
+            raise EvalDataError(f"{path} passage {len(texts) + 1}: no context tokens to predict from (line "
+                                f"{number} is one word)")
         texts.append(text)
     if not texts:
         raise EvalDataError(f"{path}: no passage")

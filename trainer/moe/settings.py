@@ -63,6 +63,14 @@ class MoESettings:
             other.num_experts, other.layer_freq, other.layer_offset)
 
 
+# `MoESettings` field -> the `trainer.config.MoEConfig` field (the flag) that sets it.
+MOE_CONFIG_NAMES = {"num_experts": "num_experts", "top_k": "moe_router_topk", "pre_softmax": "moe_router_pre_softmax",
+                    "aux_loss_coeff": "moe_aux_loss_coeff", "z_loss_coeff": "moe_z_loss_coeff",
+                    "capacity_factor": "moe_expert_capacity_factor", "expert_capacity": "moe_expert_capacity",
+                    "layer_freq": "moe_layer_freq", "layer_offset": "moe_layer_offset",
+                    "input_jitter_eps": "moe_input_jitter_eps"}
+
+
 def moe_settings(moe: MoEConfig) -> MoESettings | None:
     """The settings a `trainer.config.MoEConfig` section gives a family's shape; None for a dense model."""
     if moe.num_experts is None:
@@ -79,11 +87,7 @@ def moe_config_fields(settings: MoESettings | None) -> dict[str, Any]:
     for a dense model): what ``train --load`` / ``--load-hf`` take from a MoE checkpoint as defaults."""
     if settings is None:
         return {"num_experts": None}
-    return {"num_experts": settings.num_experts, "moe_router_topk": settings.top_k,
-            "moe_router_pre_softmax": settings.pre_softmax, "moe_aux_loss_coeff": settings.aux_loss_coeff,
-            "moe_z_loss_coeff": settings.z_loss_coeff, "moe_expert_capacity_factor": settings.capacity_factor,
-            "moe_expert_capacity": settings.expert_capacity, "moe_layer_freq": settings.layer_freq,
-            "moe_layer_offset": settings.layer_offset, "moe_input_jitter_eps": settings.input_jitter_eps}
+    return {config_name: getattr(settings, name) for name, config_name in MOE_CONFIG_NAMES.items()}
 
 
 def expert_layout(settings: MoESettings | None) -> str:

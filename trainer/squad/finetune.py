@@ -15,8 +15,8 @@ Evaluation and prediction run in one process.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
+import math
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,12 +28,12 @@ from torch.distributed.tensor import DTensor
 
 from preprocess.tokenizers import TokenizerConfig, TokenizerError, build_tokenizer
 from trainer.checkpoint import MODEL_PREFIX, copy_into_parameter, resolve_checkpoint, save_checkpoint
-from trainer.config import DEFAULT_DIVISIBLE_BY, OptimizerConfig, ParallelismConfig
+from trainer.config import DEFAULT_DIVISIBLE_BY, OptimizerConfig, ParallelismConfig, TrainingConfig
 from trainer.data import Vocabulary
 from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import TrainConfigError
 from trainer.grads import reduce_loss
-from trainer.hf_files import WORDPIECE_VOCAB, is_hf_directory, write_json
+from trainer.hf_files import WORDPIECE_VOCAB, is_hf_directory, read_hf_config, write_json
 from trainer.models.bert.convert import (
     bert_tokenizer_defaults,
     hf_bert_state,
@@ -42,11 +42,13 @@ from trainer.models.bert.convert import (
     save_model_config,
 )
 from trainer.models.bert.data import BertMicroBatch, model_inputs
+from trainer.models.bert.hf import check_hf_config
 from trainer.models.bert.model import SPAN_HEAD, Bert, BertShape
 from trainer.models.bert.spec import SPAN_PLAN
-from trainer.optim import LRSchedule, build_optimizer, set_lr
+from trainer.optim import apply_schedule, build_optimizer
 from trainer.parallel_dims import ParallelDims, pad_vocab_size
 from trainer.runner import ParallelModel
+from trainer.save_directory import check_save_directory, claim_save_directory
 from trainer.squad.decode import decode_answers
 from trainer.squad.examples import QAExample, read_squad_file
 from trainer.squad.features import FeatureOptions, QAFeature, build_features
@@ -82,6 +84,9 @@ class SquadConfig:
     load: str | None = None
     """tokenmill BERT checkpoint to start from (pre-trained: its encoder; fine-tuned: its span head too)."""
     save: str | None = None
+    overwrite_save: bool = False
+    """Fine-tune into ``save`` although it holds another run that this one does not continue (``load``): that
+    run's checkpoints and files are deleted first (`trainer.save_directory`); without it such a save is refused."""
     output_dir: str | None = None
     """Where predictions.json, nbest_predictions.json and eval_results.json go (default: save)."""
     vocab_file: str | None = None
@@ -114,8 +119,8 @@ class SquadConfig:
                      "max_answer_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-        if self.epochs <= 0:
-            raise ValueError(f"epochs must be positive, got {self.epochs}")
+        if not (math.isfinite(self.epochs) and self.epochs > 0):
+            raise ValueError(f"epochs must be a finite number > 0, got {self.epochs}")
 
 
 @dataclass(slots=True)
@@ -142,8 +147,8 @@ def wordpiece_backend(vocab_file: str | None, lower_case: bool | None, source: P
         TrainConfigError: no vocabulary, or it cannot be read.
     """
     defaults = bert_tokenizer_defaults(source).get("data", {}) if source is not None else {}
-    vocab = vocab_file or (defaults.get("vocab_file") if defaults.get("vocab_file", "").endswith(WORDPIECE_VOCAB)
-                           else None)
+    stored = defaults.get("vocab_file") or ""
+    vocab = vocab_file or (stored if stored.endswith(WORDPIECE_VOCAB) else None)
     if vocab is None:
         raise TrainConfigError("give the WordPiece vocabulary (vocab_file); the model directory holds no vocab.txt")
     if lower_case is None:
@@ -160,7 +165,7 @@ def _loaded_state(load: str | None, load_hf: str | None, padded: int) -> tuple[B
     if load_hf is not None:
         shape = hf_shape(load_hf, padded, head=SPAN_HEAD)
         state, _ = hf_bert_state(load_hf, shape)
-        config = json.loads((Path(load_hf) / "config.json").read_text(encoding="utf-8"))
+        config = read_hf_config(load_hf)
         return shape, state, Vocabulary(config["vocab_size"], None, config.get("pad_token_id", 0))
     if load is not None:
         root, iteration = resolve_checkpoint(load)
@@ -231,7 +236,7 @@ def _train(config: SquadConfig, model: ParallelModel, dims: ParallelDims, featur
     global_batch = dims.global_batch_size
     steps = max(1, int(config.epochs * len(features) / global_batch))
     optimizer = build_optimizer(model.named_parameters(), config.optimizer)
-    schedule = LRSchedule.from_config(config.optimizer, steps)
+    scheduler = config.optimizer.scheduler(TrainingConfig(train_iters=steps), global_batch)
     rng = np.random.RandomState(config.seed)
     order: list[int] = []
     losses = []
@@ -243,10 +248,11 @@ def _train(config: SquadConfig, model: ParallelModel, dims: ParallelDims, featur
         mine = batch[dp_rank * dims.micro_batch_size * dims.num_microbatches:][:dims.micro_batch_size * dims.num_microbatches]
         micro = [feature_batch([features[i] for i in mine[k:k + dims.micro_batch_size]]).to(device)
                  for k in range(0, len(mine), dims.micro_batch_size)]
-        set_lr(optimizer, schedule(step))
+        apply_schedule(optimizer, scheduler)  # the rates of the samples before this step, as Megatron
         optimizer.zero_grad(set_to_none=True)
         loss_sum, holds_loss = model.run(micro, train=True)
         optimizer.step()
+        scheduler.step(global_batch)
         # The mean over the global batch, the same on every rank (`run` returns this rank's sum).
         losses.append(reduce_loss(loss_sum, holds_loss, len(micro), dims.dp * dims.tp))
         if step % max(1, steps // 10) == 0 or step == steps:
@@ -286,16 +292,24 @@ def finetune(config: SquadConfig) -> SquadResult:
         SquadFormatError: a malformed SQuAD file.
         TrainConfigError / CheckpointError / HFConversionError: the model or vocabulary cannot be used.
     """
+    save = config.save if config.train_file is not None else None  # evaluation alone saves nothing
+    check_save_directory(save, config.load, config.overwrite_save)
     device_type = resolve_device_type(config.device)
     ctx = init_distributed(device_type)
     try:
-        return _finetune(config, ctx)
+        with claim_save_directory(save, ctx.rank == 0, config.overwrite_save):
+            return _finetune(config, ctx)
     finally:
         if ctx.owns_process_group:
             dist.destroy_process_group()
 
 
 def _finetune(config: SquadConfig, ctx) -> SquadResult:
+    if config.load_hf is not None:  # before its files are looked for: a GPT-2 directory is not a BERT
+        check_hf_config(read_hf_config(config.load_hf), config.load_hf)
+    # The files before the model: a bad one fails before anything is built or trained.
+    train_examples = read_squad_file(config.train_file, training=True) if config.train_file is not None else None
+    valid_examples = read_squad_file(config.valid_file) if config.valid_file is not None else None
     source = _source_directory(config.load, config.load_hf)
     backend, vocab_file, _ = wordpiece_backend(config.vocab_file, config.lower_case, source)
     tp = config.tensor_model_parallel_size
@@ -311,21 +325,20 @@ def _finetune(config: SquadConfig, ctx) -> SquadResult:
     for name, param in model.named_parameters():
         if name in state:
             copy_into_parameter(param, state[name].to(param.dtype))
-    if config.train_file is not None:
-        features = [f for f in build_features(read_squad_file(config.train_file), backend, config.features)]
+    if train_examples is not None:
+        features = build_features(train_examples, backend, config.features)
         dp_rank = mesh.get_local_rank("dp") if mesh is not None else 0
         result.losses = _train(config, model, dims, features, dp_rank, ctx.device)
         if config.save is not None:
             _save(config, model, shape, vocabulary, vocab_file, ctx.rank, len(result.losses))
     full = _full_state(model)
-    if config.valid_file is not None and ctx.rank == 0:
+    if valid_examples is not None and ctx.rank == 0:
         evaluation = Bert(shape).to(ctx.device)
         evaluation.load_state_dict(full, strict=True)
-        examples = read_squad_file(config.valid_file)
-        features = build_features(examples, backend, config.features)
-        result.answers = decode_answers(examples, features, *span_logits(evaluation, features, ctx.device),
+        features = build_features(valid_examples, backend, config.features)
+        result.answers = decode_answers(valid_examples, features, *span_logits(evaluation, features, ctx.device),
                                         config.n_best_size, config.max_answer_length)
-        result.metrics = evaluate_answers(result.answers, examples, config.output_dir or config.save)
+        result.metrics = evaluate_answers(result.answers, valid_examples, config.output_dir or config.save)
         logger.info("%s: %s", config.valid_file, result.metrics)
     return result
 
@@ -345,6 +358,11 @@ class PredictConfig:
     top_k: int = 1
     """Answers printed per question."""
     device: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("n_best_size", "max_answer_length", "top_k"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
 
 
 def load_span_model(load: str) -> Bert:

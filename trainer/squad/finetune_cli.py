@@ -14,10 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 
-from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_parser import CommandParser, finite_float, seed_value
 from indexed_dataset.cli_support import run_command
-from trainer.config import OptimizerConfig
-from trainer.squad.cli import add_feature_arguments, feature_options
+from trainer.cli_flags import flags_in_message
+from trainer.config import LR_DECAY_STYLES, OptimizerConfig
+from trainer.errors import CheckpointError
+from trainer.squad.cli import add_feature_arguments, feature_options, model_positions
 from trainer.squad.finetune import ScratchShape, SquadConfig, finetune
 
 TASKS = ("squad",)
@@ -32,18 +34,24 @@ def build_parser() -> CommandParser:
     source.add_argument("--load-hf", help="Hugging Face BERT directory to start from")
     source.add_argument("--load", help="tokenmill BERT checkpoint to start from")
     parser.add_argument("--save", help="checkpoint directory for the fine-tuned model")
+    parser.add_argument("--overwrite-save", action="store_true",
+                        help="start over in a --save that holds another run (not continued with --load): its "
+                             "checkpoints and files are deleted first; without it such a --save is refused")
     parser.add_argument("--output-dir", help="predictions and eval_results.json (default: --save)")
-    parser.add_argument("--epochs", type=float, default=2.0)
-    parser.add_argument("--micro-batch-size", type=int, default=12)
+    parser.add_argument("--epochs", type=finite_float, default=2.0, help="passes over the training file (default %(default)s)")
+    parser.add_argument("--micro-batch-size", type=int, default=12, help="features per step and replica (default %(default)s)")
     parser.add_argument("--num-microbatches", type=int, default=1, help="gradient accumulation steps")
-    parser.add_argument("--lr", type=float, default=3e-5)
-    parser.add_argument("--min-lr", type=float, default=0.0)
-    parser.add_argument("--lr-warmup-fraction", type=float, default=0.1)
-    parser.add_argument("--lr-decay-style", default="linear")
-    parser.add_argument("--weight-decay", type=float, default=0.01)
-    parser.add_argument("--hidden-dropout", type=float, help="default: the loaded model's")
+    parser.add_argument("--lr", type=finite_float, default=3e-5, help="peak learning rate (default %(default)s)")
+    parser.add_argument("--min-lr", type=finite_float, default=0.0, help="learning rate at the end (default %(default)s)")
+    parser.add_argument("--lr-warmup-fraction", type=finite_float, default=0.1,
+                        help="share of the steps that warm the learning rate up (default %(default)s)")
+    # WSD needs its annealing length, a flag of `train` only.
+    parser.add_argument("--lr-decay-style", choices=[s for s in LR_DECAY_STYLES if s != "WSD"], default="linear",
+                        help="(default %(default)s)")
+    parser.add_argument("--weight-decay", type=finite_float, default=0.01, help="(default %(default)s)")
+    parser.add_argument("--hidden-dropout", type=finite_float, help="default: the loaded model's")
     parser.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument("--seed", type=seed_value, default=42, help="(default %(default)s)")
     scratch = ScratchShape()
     group = parser.add_argument_group("a fresh encoder (without --load/--load-hf)")
     for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"):
@@ -56,8 +64,10 @@ def finetune_config(args: argparse.Namespace) -> SquadConfig:
     optimizer = OptimizerConfig(lr=args.lr, min_lr=args.min_lr, weight_decay=args.weight_decay,
                                 lr_warmup_fraction=args.lr_warmup_fraction, lr_decay_style=args.lr_decay_style)
     return SquadConfig(train_file=args.train_file, valid_file=args.valid_file, load_hf=args.load_hf, load=args.load,
-                       save=args.save, output_dir=args.output_dir, vocab_file=args.vocab_file,
-                       lower_case=args.lower_case, features=feature_options(args),
+                       save=args.save, overwrite_save=args.overwrite_save, output_dir=args.output_dir,
+                       vocab_file=args.vocab_file,
+                       lower_case=args.lower_case,
+                       features=feature_options(args, model_positions(args.load, args.load_hf)),
                        scratch=ScratchShape(num_layers=args.num_layers, hidden_size=args.hidden_size,
                                             num_attention_heads=args.num_attention_heads,
                                             ffn_hidden_size=args.ffn_hidden_size),
@@ -70,11 +80,15 @@ def finetune_config(args: argparse.Namespace) -> SquadConfig:
 
 def main(argv: list[str] | None = None) -> int:
     """``finetune``; returns the exit code."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
 
     def command() -> int:
-        result = finetune(finetune_config(args))
+        try:
+            result = finetune(finetune_config(args))
+        except CheckpointError as error:  # its message names config fields: show them as this command's flags
+            raise CheckpointError(flags_in_message(str(error), parser)) from None
         if result.metrics is not None:
             print(result.metrics)
         return 0

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 
-from indexed_dataset.cli_parser import CommandParser
+from indexed_dataset.cli_parser import CommandParser, int_at_least
 from indexed_dataset.cli_support import run_command
-from trainer.squad.cli import add_feature_arguments, feature_options
+from trainer.squad.cli import add_feature_arguments, feature_options, model_positions
 from trainer.squad.examples import parse_predict_inputs, read_predict_file
 from trainer.squad.finetune import PredictConfig, predict
 
@@ -23,7 +23,7 @@ def build_parser() -> CommandParser:
     inputs = parser.add_mutually_exclusive_group(required=True)
     inputs.add_argument("--input", action="append", help='"context - question" (repeatable)')
     inputs.add_argument("--input-file", help='JSON list of {"context": ..., "question": ...}')
-    parser.add_argument("--top-k", type=int, default=1, help="answers per question")
+    parser.add_argument("--top-k", type=int_at_least(1), default=1, help="answers per question")
     parser.add_argument("--json", action="store_true", help="print one JSON object: id -> answers")
     add_feature_arguments(parser)
     return parser
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     def command() -> int:
         examples = parse_predict_inputs(args.input) if args.input else read_predict_file(args.input_file)
         config = PredictConfig(load=args.load, vocab_file=args.vocab_file, lower_case=args.lower_case,
-                               features=feature_options(args), n_best_size=args.n_best_size,
+                               features=feature_options(args, model_positions(args.load)), n_best_size=args.n_best_size,
                                max_answer_length=args.max_answer_length, top_k=args.top_k, device=args.device)
         answers = predict(config, examples)
         if args.json:

@@ -31,6 +31,14 @@ from trainer.checkpoint import (
 )
 from trainer.data import Vocabulary
 from trainer.errors import CheckpointError
+from trainer.model_files import (
+    SHAPE_PREFIX,
+    Keys,
+    check_file_object,
+    check_token_id,
+    check_transformer_shape,
+    check_vocabulary,
+)
 from trainer.hf_files import (
     copy_tokenizer_files,
     read_hf_config,
@@ -67,16 +75,26 @@ def save_model_config(root: str | os.PathLike, shape: BertShape, vocabulary: Voc
                                                 "model_type": hf_model_type})
 
 
+# A BERT checkpoint's model_config.json keys.
+MODEL_CONFIG_KEYS = Keys(frozenset({"model", "shape", "vocab_size", "pad_id", "model_type"}),
+                         frozenset({"model", "shape", "vocab_size"}))
+
+
 def read_model_config(root: str | os.PathLike) -> dict:
     """The ``model_config.json`` of a BERT checkpoint root, ``shape`` as a `BertShape`.
 
     Raises:
         CheckpointError: the file is missing, malformed or not a BERT's.
+        ModelFileError: a key the model does not have, a value of the wrong type or range, or a model
+            this machine's memory cannot hold (naming the file and the key).
     """
     path = Path(root) / MODEL_CONFIG_FILE
-    value = read_json(path)
+    value = check_file_object(read_json(path), MODEL_CONFIG_KEYS, str(path))
     if value.get("model") != BERT_MODEL:
         raise CheckpointError(f"{path}: not a BERT checkpoint (model {value.get('model')!r})")
+    shape = check_transformer_shape(value["shape"], BertShape, str(path))
+    check_vocabulary(str(path), value["vocab_size"], shape["padded_vocab_size"], f"{SHAPE_PREFIX}padded_vocab_size")
+    check_token_id(str(path), "pad_id", value.get("pad_id"), value["vocab_size"])
     try:
         return {**value, "shape": BertShape(**value["shape"]), "vocab_size": int(value["vocab_size"])}
     except (KeyError, TypeError, ValueError) as error:

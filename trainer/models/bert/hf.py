@@ -27,6 +27,8 @@ from typing import Any
 import torch
 
 from trainer.errors import HFConversionError
+from trainer.model_files import check_model_sizes, check_token_id
+from trainer.model_memory import transformer_parameters
 from trainer.models.bert.model import NUM_TOKEN_TYPES, PRETRAINING_HEAD, SPAN_HEAD, VOCAB_ROWS, BertShape
 
 HF_MODEL_TYPE = "bert"
@@ -98,7 +100,8 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
         HFConversionError: not a BERT, a field is missing, or a setting differs from BERT's.
     """
     if config.get("model_type") != HF_MODEL_TYPE:
-        raise HFConversionError(f"{source}: model_type is {config.get('model_type')!r}, not {HF_MODEL_TYPE!r}")
+        raise HFConversionError(f"{source}: model_type is {config.get('model_type')!r}, not {HF_MODEL_TYPE!r}: "
+                                "not a BERT")
     for name in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size",
                  "max_position_embeddings", "vocab_size"):
         if not isinstance(config.get(name), int) or config[name] <= 0:
@@ -109,6 +112,20 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     for name, value in _REQUIRED_SETTINGS.items():
         if config.get(name, value) != value:
             raise HFConversionError(f"{source}: {name}={config[name]!r} is not supported (BERT uses {value!r})")
+    check_model_sizes(config, source, HF_SPELLINGS, _parameters, ("num_hidden_layers", "hidden_size",
+                      "intermediate_size", "vocab_size", "max_position_embeddings"), ("num_hidden_layers",))
+    check_token_id(source, "pad_token_id", config.get("pad_token_id"), config["vocab_size"])
+
+
+# config.json keys -> the `train` config fields of the same meaning, whose types and ranges they get.
+HF_SPELLINGS = {"num_hidden_layers": "num_layers", "intermediate_size": "ffn_hidden_size",
+                "hidden_dropout_prob": "hidden_dropout", "attention_probs_dropout_prob": "attention_dropout",
+                "initializer_range": "init_method_std", "layer_norm_eps": "layernorm_epsilon"}
+
+
+def _parameters(sizes: dict[str, int]) -> int:
+    return transformer_parameters(sizes["num_hidden_layers"], sizes["hidden_size"], sizes["intermediate_size"],
+                                  sizes["vocab_size"], sizes["max_position_embeddings"])
 
 
 def hf_head(tensors: dict[str, torch.Tensor]) -> tuple[str, bool]:

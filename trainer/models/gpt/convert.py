@@ -50,6 +50,14 @@ from trainer.hf_files import (
 from trainer.models.gpt.hf import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.config import DEFAULT_DIVISIBLE_BY
+from trainer.model_files import (
+    SHAPE_PREFIX,
+    Keys,
+    check_file_object,
+    check_token_id,
+    check_transformer_shape,
+    check_vocabulary,
+)
 from trainer.moe.settings import expert_layout, moe_config_fields, moe_settings_from_json
 from trainer.parallel_dims import pad_vocab_size
 
@@ -63,6 +71,10 @@ class CheckpointModel:
     vocab_size: int
     """Real (unpadded) vocabulary size."""
     eod_id: int | None
+
+
+# model_config.json's keys (``eod_id`` may be absent: older checkpoints).
+MODEL_CONFIG_KEYS = Keys(frozenset({"model", "shape", "vocab_size", "eod_id"}), frozenset({"shape", "vocab_size"}))
 
 
 def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
@@ -80,13 +92,18 @@ def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
 
     Raises:
         CheckpointError: the file exists but is malformed.
+        ModelFileError: a key the model does not have, a value of the wrong type or range, or a model
+            this machine's memory cannot hold (naming the file and the key).
     """
     path = Path(root) / MODEL_CONFIG_FILE
     if not path.is_file():
         return None
-    value = read_json(path)
+    value = check_file_object(read_json(path), MODEL_CONFIG_KEYS, str(path))
     if value.get("model", "gpt") != "gpt":
         raise CheckpointError(f"{path}: a {value['model']} checkpoint; export it with convert-checkpoint --to-hf")
+    shape = check_transformer_shape(value["shape"], GPTShape, str(path))
+    check_vocabulary(str(path), value["vocab_size"], shape["padded_vocab_size"], f"{SHAPE_PREFIX}padded_vocab_size")
+    check_token_id(str(path), "eod_id", value.get("eod_id"), value["vocab_size"])
     try:
         shape = {**value["shape"], "moe": moe_settings_from_json(value["shape"].get("moe"))}
         return CheckpointModel(shape=GPTShape(**shape), vocab_size=int(value["vocab_size"]),

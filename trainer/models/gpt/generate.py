@@ -23,7 +23,7 @@ from preprocess.tokenizers import Tokenizer
 from trainer.checkpoint import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
 from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
-from trainer.generate import Completion, GenerateConfig, prompt_tokenizer
+from trainer.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer
 from trainer.generation.kv_cache import KVCache
 from trainer.generation.layout import GenerationLayout, finished_everywhere
 from trainer.generation.replicas import map_over_replicas
@@ -164,7 +164,7 @@ def _tokenize(config: GenerateConfig, source: GPTSource) -> tuple[Tokenizer | No
                                                                list[list[int]]]:
     tokenizer = prompt_tokenizer(config, source.directory)
     given: list[str | list[int]] = [*config.prompts, *config.prompt_ids]
-    ids = [tokenizer.encode(text) for text in config.prompts] + [list(p) for p in config.prompt_ids]
+    ids = encode_prompts(tokenizer, config.prompts) + [list(p) for p in config.prompt_ids]
     if any(not p for p in ids):
         raise TrainConfigError("a prompt encodes to no tokens")
     return tokenizer, given, ids

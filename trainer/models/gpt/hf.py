@@ -18,6 +18,8 @@ from typing import Any
 import torch
 
 from trainer.errors import HFConversionError
+from trainer.model_files import check_model_sizes, check_token_id
+from trainer.model_memory import transformer_parameters
 from trainer.models.gpt.fused_qkv import fuse_state
 from trainer.models.gpt.model import GPTShape
 
@@ -94,6 +96,24 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     for name, value in _REQUIRED_SETTINGS.items():
         if config.get(name, value) != value:
             raise HFConversionError(f"{source}: {name}={config[name]!r} is not supported (GPT-2 uses {value!r})")
+    check_model_sizes(config, source, HF_SPELLINGS, _parameters, ("n_layer", "n_embd", "n_inner", "vocab_size",
+                      "n_positions"), ("n_layer",), defaults={"n_inner": MLP_WIDTH_FACTOR * config["n_embd"]})
+    for name in ("bos_token_id", "eos_token_id"):
+        check_token_id(source, name, config.get(name), config["vocab_size"])
+
+
+# config.json keys -> the `train` config fields of the same meaning, whose types and ranges they get.
+HF_SPELLINGS = {"n_layer": "num_layers", "n_embd": "hidden_size", "n_head": "num_attention_heads",
+                "n_inner": "ffn_hidden_size", "n_positions": "max_position_embeddings", "resid_pdrop": "hidden_dropout",
+                "embd_pdrop": "hidden_dropout", "attn_pdrop": "attention_dropout",
+                "initializer_range": "init_method_std", "layer_norm_epsilon": "layernorm_epsilon"}
+# GPT-2's MLP width when n_inner is null: 4 x n_embd.
+MLP_WIDTH_FACTOR = 4
+
+
+def _parameters(sizes: dict[str, int]) -> int:
+    return transformer_parameters(sizes["n_layer"], sizes["n_embd"], sizes["n_inner"], sizes["vocab_size"],
+                                  sizes["n_positions"])
 
 
 def shape_from_hf_config(config: dict[str, Any], padded_vocab_size: int | None = None) -> GPTShape:
@@ -108,7 +128,7 @@ def shape_from_hf_config(config: dict[str, Any], padded_vocab_size: int | None =
     if padded < vocab:
         raise HFConversionError(f"padded vocabulary size {padded} is smaller than the model's vocab_size {vocab}")
     return GPTShape(num_layers=config["n_layer"], hidden_size=config["n_embd"], num_attention_heads=config["n_head"],
-                    ffn_hidden_size=config.get("n_inner") or 4 * config["n_embd"],
+                    ffn_hidden_size=config.get("n_inner") or MLP_WIDTH_FACTOR * config["n_embd"],
                     max_position_embeddings=config["n_positions"], padded_vocab_size=padded,
                     hidden_dropout=config.get("resid_pdrop", 0.0), attention_dropout=config.get("attn_pdrop", 0.0),
                     init_method_std=config.get("initializer_range", 0.02),

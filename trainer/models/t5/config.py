@@ -14,12 +14,12 @@ Hugging Face's (feed_forward_proj) and the T5 paper's.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
 from torch.utils.data import Dataset
 
+from indexed_dataset.structured_files import read_json_file
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, TokenizerError
 from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids, t5_text_tokenizer
 from samplers.splits import DEFAULT_SPLIT
@@ -79,9 +79,10 @@ def _hf_extra_ids(directory: str | os.PathLike) -> int:
     """The sentinel count a HF directory's tokenizer_config.json gives (``extra_ids``), else T5Tokenizer's default."""
     path = Path(directory) / HF_TOKENIZER_CONFIG
     try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("extra_ids") if path.is_file() else None
-    except (OSError, ValueError, AttributeError) as error:
-        raise TrainConfigError(f"{path}: cannot read: {error}") from None
+        content = read_json_file(path, error=TrainConfigError) if path.is_file() else {}
+    except OSError as error:
+        raise TrainConfigError(f"{path}: cannot read ({error.strerror})") from None
+    value = content.get("extra_ids") if isinstance(content, dict) else None
     return value if isinstance(value, int) and value >= 0 else HF_DEFAULT_EXTRA_IDS
 
 

@@ -29,6 +29,16 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.errors import CheckpointError
+from trainer.model_files import (
+    MOE_EXPERTS,
+    SHAPE_PREFIX,
+    Keys,
+    check_file_object,
+    check_moe_object,
+    check_token_id,
+    check_vocabulary,
+    dataclass_keys,
+)
 from trainer.hf_files import (
     copy_tokenizer_files,
     read_hf_config,
@@ -36,7 +46,7 @@ from trainer.hf_files import (
     tokenizer_train_defaults,
     write_json,
 )
-from trainer.models.t5.hf import load_hf_t5, save_hf_t5
+from trainer.models.t5.hf import check_t5_values, load_hf_t5, save_hf_t5
 from trainer.parallel_dims import pad_vocab_size
 from trainer.models.t5.model import T5, T5Shape
 from trainer.models.t5.switch import SWITCH_MODEL_TYPE
@@ -68,18 +78,31 @@ def save_t5_model_config(root: str | os.PathLike, shape: T5Shape, vocab_size: in
                                                 "model_type": model_type})
 
 
+# A T5 checkpoint's model_config.json keys.
+T5_MODEL_CONFIG_KEYS = Keys(frozenset({"model", "shape", "vocab_size", "eos_id", "pad_id", "model_type"}),
+                            frozenset({"model", "shape", "vocab_size"}))
+
+
 def read_t5_model_config(root: str | os.PathLike) -> dict | None:
     """The ``model_config.json`` of a T5 checkpoint root (``shape`` as a `T5Shape`); None for any other root.
 
     Raises:
         CheckpointError: the file is malformed.
+        ModelFileError: a key the model does not have, a value of the wrong type or range, or a model
+            this machine's memory cannot hold (naming the file and the key).
     """
     path = Path(root) / MODEL_CONFIG_FILE
     if not path.is_file():
         return None
-    value = read_json(path)
+    value = check_file_object(read_json(path), T5_MODEL_CONFIG_KEYS, str(path))
     if value.get("model") != T5_MODEL:
         return None
+    shape = check_file_object(value["shape"], dataclass_keys(T5Shape), str(path), SHAPE_PREFIX)
+    experts = check_moe_object(shape.get("moe"), str(path), f"{SHAPE_PREFIX}moe.")
+    check_t5_values({**shape, MOE_EXPERTS: experts}, str(path), "num_encoder_layers", MOE_EXPERTS, SHAPE_PREFIX)
+    check_vocabulary(str(path), value["vocab_size"], shape["vocab_size"], f"{SHAPE_PREFIX}vocab_size")
+    for key in ("eos_id", "pad_id"):
+        check_token_id(str(path), key, value.get(key), value["vocab_size"])
     try:
         shape = T5Shape(**{**value["shape"], "moe": moe_settings_from_json(value["shape"].get("moe"))})
         return {**value, "shape": shape, "vocab_size": int(value["vocab_size"])}

@@ -31,7 +31,7 @@ from preprocess.tokenizers import Tokenizer
 from trainer.checkpoint import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
 from trainer.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
-from trainer.generate import Completion, GenerateConfig, prompt_tokenizer
+from trainer.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer
 from trainer.generation.layout import GenerationLayout, finished_everywhere
 from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import next_tokens
@@ -226,7 +226,7 @@ def plan_t5_generation(config: GenerateConfig, world_size: int) -> T5GenerationP
         tokenizer = t5_text_tokenizer_for(tokenizer, stored, source.vocab_size,
                                           source.directory if source.iteration is None else None)
     eos = [] if source.special.eos is None else [source.special.eos]
-    prompt_ids = [tokenizer.encode(text) + eos for text in config.prompts] + [list(p) for p in config.prompt_ids]
+    prompt_ids = [ids + eos for ids in encode_prompts(tokenizer, config.prompts)] + [list(p) for p in config.prompt_ids]
     if any(not p or min(p) < 0 or max(p) >= source.vocab_size for p in prompt_ids):
         raise TrainConfigError(f"every prompt needs token ids in [0, {source.vocab_size}) (the model's vocabulary)")
     layout = sharded_t5_layout(source.shape, config.tensor_model_parallel_size, config.pipeline_model_parallel_size,

@@ -24,9 +24,11 @@ from typing import Any
 
 import torch
 
-from trainer.config import FEED_FORWARD_KINDS
-from trainer.hf_files import is_hf_directory, read_hf_config, read_hf_weights, write_hf_directory
+from trainer.config import FEED_FORWARD_KINDS, ModelConfig, MoEConfig, T5Config
+from trainer.hf_files import CONFIG_FILE, is_hf_directory, read_hf_config, read_hf_weights, write_hf_directory
 from trainer.errors import HFConversionError
+from trainer.model_files import check_model_sizes
+from trainer.model_memory import transformer_parameters
 from trainer.models.t5.model import T5, T5Shape
 from trainer.models.t5.switch import (
     SWITCH_ARCHITECTURE,
@@ -111,20 +113,54 @@ def hf_t5_names(shape: T5Shape) -> dict[str, str]:
 
 def _field(config: dict[str, Any], name: str, source: str) -> Any:
     if name not in config:
-        raise HFConversionError(f"{source}: config.json has no {name}")
+        raise HFConversionError(f"{source}: no {name}")
     return config[name]
 
 
+# A T5 config's keys (Hugging Face's, which our `T5Shape` keeps) -> the `train` config fields of the same
+# meaning, whose types and ranges they get.
+T5_SPELLINGS = {"d_model": "hidden_size", "d_ff": "ffn_hidden_size", "num_heads": "num_attention_heads",
+                "num_encoder_layers": "num_layers", "num_decoder_layers": "decoder_num_layers", "d_kv": "kv_channels",
+                "layer_norm_epsilon": "layernorm_epsilon", "dropout_rate": "hidden_dropout"}
+
+
+def check_t5_values(values: dict[str, Any], source: str, encoder_layers: str, experts: str | None = None,
+                    prefix: str = "", sections: tuple[type, ...] = (ModelConfig, T5Config)) -> None:
+    """A T5 config.json's or model_config.json shape's values (types, ranges) and the memory of its model.
+
+    Args:
+        encoder_layers: the key of the encoder's block count (config.json: num_layers; ours: num_encoder_layers).
+        experts: the key of the expert count (Switch), if any.
+
+    Raises:
+        ModelFileError: one line naming ``source`` and the key.
+    """
+    layers = (encoder_layers, "num_decoder_layers")
+
+    def parameters(sizes) -> int:
+        return transformer_parameters(sizes[layers[0]] + sizes[layers[1]], sizes["d_model"], sizes["d_ff"],
+                                      sizes["vocab_size"], experts=sizes[experts] if experts else 1,
+                                      attention_width=sizes["num_heads"] * sizes["d_kv"])
+
+    sizes = (*layers, "d_model", "d_ff", "d_kv", "num_heads", "vocab_size", *((experts,) if experts else ()))
+    check_model_sizes(values, source, T5_SPELLINGS, parameters, sizes, layers, prefix,
+                      defaults={"num_decoder_layers": values.get(encoder_layers)}, sections=sections)
+
+
 def shape_from_hf_t5(config: dict[str, Any], tensors: dict[str, torch.Tensor], source: str) -> T5Shape:
-    """Our shape of a T5/mT5 config.json and its weights.
+    """Our shape of a T5/mT5 config.json and its weights (``source``: their directory).
 
     Raises:
         HFConversionError: not a T5/mT5 config, a missing field, or an MLP kind we do not implement.
+        ModelFileError: a value of the wrong type or range, or a model this machine cannot hold.
     """
+    source = str(Path(source) / CONFIG_FILE)  # what every message below is about
     model_type = config.get("model_type")
     if model_type not in T5_ARCHITECTURES:
         raise HFConversionError(f"{source}: model_type {model_type!r} is not one of {', '.join(T5_ARCHITECTURES)}")
     switch = model_type == SWITCH_MODEL_TYPE
+    check_t5_values(config, source, "num_layers", "num_experts" if switch else None,
+                    sections=(ModelConfig, T5Config, MoEConfig) if switch else (ModelConfig, T5Config))
     # Switch Transformers' MLPs (dense and experts) are non-gated, with dense_act_fn (checked: relu).
     moe = moe_from_switch_config(config, source) if switch else None
     feed_forward = "relu" if switch else config.get("feed_forward_proj", "relu")

@@ -57,6 +57,10 @@ def _sparse_step(layers: int, sparse_layers: int, stack: str, source: str) -> in
         # transformers' "HACK" for 0 sparse layers still makes layer 1 sparse: nothing to import faithfully.
         raise HFConversionError(f"{source}: num_sparse_{stack}_layers {sparse_layers}: a Switch Transformers "
                                 "stack without sparse layers is not supported (convert it as a t5)")
+    if sparse_layers > layers:
+        # transformers' step layers // sparse_layers is then 0: no layer is sparse.
+        raise HFConversionError(f"{source}: num_sparse_{stack}_layers={sparse_layers}: more than the {layers} "
+                                f"layers of the {stack}")
     return layers // sparse_layers
 
 

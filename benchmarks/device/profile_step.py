@@ -1,0 +1,125 @@
+"""Where the time of our GPT-345M training step goes: a `torch.profiler` trace summarised as a text table.
+
+The step is `benchmarks.gpu_step`'s (our runner, bf16 autocast, the AdamW kernel the trainer picks, global
+gradient norm and clipping). After ``--warmup`` steps, ``--steps`` steps are traced; the table lists the 10
+kernels that took the most device time (on a CPU: the 10 operators with the most CPU time of their own) and the
+share of that time in attention, matrix products, the optimiser and everything else.
+
+    python -m benchmarks.device.profile_step --table profile.txt --json profile.json     # on the CUDA device
+    python -m benchmarks.device.profile_step --device cpu --tiny --table profile.txt      # checks the script
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from torch.autograd import DeviceType
+from torch.profiler import ProfilerActivity, profile
+
+from benchmarks.gpu_step import EXIT_NO_CUDA, SEED, WORKLOADS, build_ours, write_json
+
+TOP_KERNELS = 10
+# Kernel (CUDA) and operator (CPU) name fragments of each category, lower case, tried in this order: the flash
+# and memory-efficient attention kernels are CUTLASS kernels too, so attention is matched before the products.
+CATEGORIES = {
+    "attention": ("flash", "fmha", "attention", "sdpa"),
+    "matmul": ("gemm", "nvjet", "xmma", "wgmma", "cutlass", "cublas", "matmul", "aten::mm", "aten::addmm",
+               "aten::bmm", "aten::linear", "aten::_grouped_mm"),
+    "optimizer": ("adam", "multi_tensor_apply", "_foreach_", "fused_adamw"),
+}
+OTHER = "other"
+NAME_WIDTH = 90
+US_PER_MS = 1000.0
+
+
+def category(name: str) -> str:
+    """The `CATEGORIES` key whose fragments ``name`` contains, else `OTHER`."""
+    lowered = name.lower()
+    return next((key for key, fragments in CATEGORIES.items() if any(f in lowered for f in fragments)), OTHER)
+
+
+def kernel_times(trace: profile, device: torch.device) -> dict[str, float]:
+    """Microseconds per kernel name over the trace (CPU: per operator, its own time without its children's)."""
+    times: dict[str, float] = {}
+    for event in trace.key_averages():
+        if device.type == "cuda":
+            if event.device_type != DeviceType.CUDA:
+                continue
+            spent = event.self_device_time_total
+        else:
+            if event.device_type != DeviceType.CPU or event.key.startswith("ProfilerStep"):
+                continue
+            spent = event.self_cpu_time_total
+        if spent > 0:
+            times[event.key] = times.get(event.key, 0.0) + spent
+    return times
+
+
+def summarise(times: dict[str, float], steps: int, unit: str) -> tuple[str, dict]:
+    """The text table and its figures (per-step milliseconds, shares of the total)."""
+    total = sum(times.values())
+    top = sorted(times.items(), key=lambda item: item[1], reverse=True)[:TOP_KERNELS]
+    shares: dict[str, float] = {key: 0.0 for key in (*CATEGORIES, OTHER)}
+    for name, spent in times.items():
+        shares[category(name)] += spent / total
+    lines = [f"top {TOP_KERNELS} {unit}s by time ({steps} steps traced; ms per step, share of all {unit} time)",
+             f"{'ms/step':>9} {'share':>6}  {'category':<9}  name", "-" * (NAME_WIDTH + 30)]
+    for name, spent in top:
+        short = name if len(name) <= NAME_WIDTH else name[:NAME_WIDTH - 3] + "..."
+        lines.append(f"{spent / US_PER_MS / steps:9.3f} {spent / total:6.1%}  {category(name):<9}  {short}")
+    lines += ["", f"{'category':<10} {'ms/step':>9} {'share':>6}", "-" * 27]
+    for key, share in shares.items():
+        lines.append(f"{key:<10} {share * total / US_PER_MS / steps:9.3f} {share:6.1%}")
+    lines.append(f"{'total':<10} {total / US_PER_MS / steps:9.3f} {1:6.1%}")
+    figures = {"unit": unit, "steps": steps, "total_ms_per_step": total / US_PER_MS / steps, "shares": shares,
+               "top": [{"name": name, "ms_per_step": spent / US_PER_MS / steps, "share": spent / total,
+                        "category": category(name)} for name, spent in top]}
+    return "\n".join(lines) + "\n", figures
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--tiny", action="store_true", help="the tiny GPT shape (checks the script)")
+    parser.add_argument("--warmup", type=int, default=3, help="untraced steps first")
+    parser.add_argument("--steps", type=int, default=3, help="traced steps")
+    parser.add_argument("--table", type=Path, required=True, help="write the text table here")
+    parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("profile_step: no CUDA device is available (use --tiny --device cpu to check the script on a CPU)",
+              file=sys.stderr)
+        return EXIT_NO_CUDA
+    device = torch.device(args.device)
+    work = WORKLOADS["gpt"](args.tiny)
+    batches = [work.batch(torch.Generator().manual_seed(SEED), device)]
+    step, _ = build_ours(work, batches, device, compile_blocks=False)
+    for index in range(args.warmup):
+        step(index)
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    with profile(activities=activities) as trace:
+        for index in range(args.steps):
+            step(index)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    unit = "kernel" if device.type == "cuda" else "operator"
+    table, figures = summarise(kernel_times(trace, device), args.steps, unit)
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    header = (f"GPT-345M{' (tiny)' if args.tiny else ''} training step on {name}: micro-batch {work.micro_batch_size}"
+              f" x {work.lengths[0]} positions, bf16 autocast, eager\n\n")
+    args.table.write_text(header + table)
+    print(header + table, end="")
+    if args.json is not None:
+        write_json(args.json, {"device": name, **figures})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""`benchmarks/device/run.sh`, the one command a GPU call runs, dry-run on the CPU (``DEVICE=cpu TINY=1``).
+
+Promised: the same script, run as a device call would run it (from the repository root, the project on
+PYTHONPATH, its outputs under ``$OUT``), goes through every step with the device flag ``cpu`` at tiny sizes and
+reports each as ok; ``$OUT`` holds the log, one JSON of figures and the profile table, and nothing else; the
+figures hold what the GPU run is for (test counts, throughput and MFU fields, the workflow's losses and
+perplexity, the profile's shares). So a first GPU call meets only CUDA itself as new.
+"""
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "device" / "run.sh"
+STEPS = ("environment", "cuda_tests", "gpu_step_gpt_eager", "gpu_step_t5_eager", "workflow", "profile",
+         "gpu_step_gpt_compile", "gpu_step_t5_compile")
+OUTPUTS = {"run.log", "figures.json", "profile.txt"}
+PROFILE_CATEGORIES = {"attention", "matmul", "optimizer", "other"}
+# The steps' time limits are the GPU machine's (16 cores compile there); two CPU cores, shared, compile the tiny
+# models some times slower. A quiet 2-core machine runs the whole dry run in about two minutes.
+TIME_SCALE = 4
+DRY_RUN_TIMEOUT_S = 900
+
+
+@pytest.fixture(scope="module")
+def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    root = tmp_path_factory.mktemp("device_script")
+    environment = {**os.environ, "OUT": str(root / "out"), "WORK": str(root / "work"), "DEVICE": "cpu", "TINY": "1",
+                   "PYTHON": sys.executable, "WHEELS": str(root / "no_wheels"), "SITE": str(root / "site"),
+                   "TIME_SCALE": str(TIME_SCALE)}
+    run = subprocess.run(["bash", str(SCRIPT)], env=environment, capture_output=True, text=True,
+                         timeout=DRY_RUN_TIMEOUT_S)
+    return run, root / "out"
+
+
+@pytest.fixture(scope="module")
+def figures(dry_run) -> dict:
+    return json.loads((dry_run[1] / "figures.json").read_text())
+
+
+@pytest.mark.timeout(DRY_RUN_TIMEOUT_S + 60)
+def test_every_step_runs_ok_and_the_outputs_are_the_log_the_figures_and_the_profile(dry_run, figures):
+    run, out = dry_run
+    statuses = {name: step["status"] for name, step in figures["steps"].items()}
+    assert statuses == dict.fromkeys(STEPS, "ok"), {name: figures["steps"][name].get("error") for name in statuses}
+    assert run.returncode == 0, run.stderr
+    assert {path.name for path in out.iterdir()} == OUTPUTS
+    log = (out / "run.log").read_text()
+    assert all(f"=== {name}: ok" in log for name in STEPS)
+    assert "--device cpu" in log and "--device cuda" not in log
+    assert figures["device"] == "cpu" and figures["tiny"] is True
+
+
+def test_the_cuda_tests_ran_on_the_device_under_test_and_passed(figures):
+    tests = figures["steps"]["cuda_tests"]["figures"]
+    assert tests["failed"] == 0 and tests["failed_tests"] == []
+    # the dry run's selection: test_zero_offload.py's CPU cases and one of test_on_device.py's
+    assert tests["passed"] >= 4
+
+
+@pytest.mark.parametrize("model", ["gpt", "t5"])
+def test_the_benchmark_measures_both_micro_batches_eager_and_the_largest_compiled(figures, model):
+    eager = figures["steps"][f"gpu_step_{model}_eager"]["figures"]["runs"]
+    compiled = figures["steps"][f"gpu_step_{model}_compile"]["figures"]["runs"]
+    assert [run["mode"] for run in eager] == ["eager", "eager"]
+    assert eager[0]["micro_batch_size"] < eager[1]["micro_batch_size"]
+    assert [(run["mode"], run["micro_batch_size"]) for run in compiled] == [("compile", eager[1]["micro_batch_size"])]
+    for run in eager + compiled:
+        assert run["ratio"] > 0 and run["ratio"] == pytest.approx(run["ours"]["tokens_per_s"]
+                                                                  / run["plain"]["tokens_per_s"])
+        for side in (run["ours"], run["plain"]):
+            assert side["tokens_per_s"] > 0 and math.isfinite(side["last_loss"])
+            assert side["mfu"] is None and side["peak_memory_gib"] is None  # no bf16 peak, no device memory on a CPU
+
+
+def test_the_workflow_trains_saves_generates_and_evaluates(figures):
+    workflow = figures["steps"]["workflow"]["figures"]
+    assert workflow["last_step"]["iteration"] == 10 and math.isfinite(workflow["last_step"]["loss"])  # 50 on a GPU
+    assert "forward_backward_ms_per_iteration" in workflow["last_step"]  # --timing-log-level 1
+    assert workflow["memory"]  # --print-memory
+    assert workflow["evaluate"]["task"] == "perplexity" and workflow["evaluate"]["ppl"] > 1
+    assert workflow["generate"]["prompt"] == "The history of the" and len(workflow["generate"]["ids"]) > 0
+
+
+def test_the_profile_splits_the_step_into_attention_matmul_optimizer_and_other(figures, dry_run):
+    profile = figures["steps"]["profile"]["figures"]
+    assert set(profile["shares"]) == PROFILE_CATEGORIES
+    assert sum(profile["shares"].values()) == pytest.approx(1.0)
+    assert profile["shares"]["matmul"] > 0 and profile["shares"]["attention"] > 0
+    assert profile["shares"]["optimizer"] > 0
+    assert len(profile["top"]) == 10
+    table = (dry_run[1] / "profile.txt").read_text()
+    assert all(category in table for category in PROFILE_CATEGORIES)
