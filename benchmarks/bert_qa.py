@@ -1,4 +1,4 @@
-"""SQuAD fine-tuning step: our BERT with the span head (through `trainer.runner.ParallelModel`, BERT's plan
+"""SQuAD fine-tuning step: our BERT with the span head (through `trainer.parallel.runner.ParallelModel`, BERT's plan
 with the span loss, the trainer's AdamW groups) versus transformers' BertForQuestionAnswering, same weights,
 same batch, same AdamW settings, in the same process. Steps alternate between the two (both see the same
 load); a round's figure is its median step time, the reported one the median of rounds.
@@ -23,9 +23,9 @@ from trainer.models.bert.data import BertMicroBatch
 from trainer.models.bert.hf import hf_bert_names
 from trainer.models.bert.model import SPAN_HEAD, BertShape
 from trainer.models.bert.spec import SPAN_PLAN
-from trainer.optim import build_optimizer
-from trainer.parallel_dims import ParallelDims
-from trainer.runner import ParallelModel
+from trainer.optim.optimizer import build_optimizer
+from trainer.parallel.dims import ParallelDims
+from trainer.parallel.runner import ParallelModel
 
 VOCAB = 30522
 LR = 3e-5

@@ -1,7 +1,7 @@
 """What the checkpoint manifest costs: save and load with and without its SHA-256 checksums, same run.
 
 A GPT-2-small-sized state (124 M parameters as fp32 weights plus AdamW's two moments: ~1.5 GB) is saved
-with `trainer.checkpoint.save_checkpoint` (DCP, then the manifest) and loaded back with
+with `trainer.checkpoint.store.save_checkpoint` (DCP, then the manifest) and loaded back with
 `load_checkpoint` with and without verification. Rounds alternate; medians are printed with the ratios.
 
     python -m benchmarks.checkpoint_manifest             # ~1.5 GB state, 3 rounds
@@ -21,8 +21,8 @@ from pathlib import Path
 import torch
 
 from indexed_dataset.cli_parser import finite_float
-from trainer.checkpoint import checkpoint_dir, load_checkpoint, save_checkpoint
-from trainer.checkpoint_manifest import write_manifest
+from trainer.checkpoint.store import checkpoint_dir, load_checkpoint, save_checkpoint
+from trainer.checkpoint.manifest import write_manifest
 
 GPT2_SMALL_PARAMETERS = 124e6
 # Tensors of this many elements (a transformer's matrices are of this order).

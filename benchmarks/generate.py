@@ -38,7 +38,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from trainer.generation.sampling import SamplingConfig, next_tokens
-from trainer.hf_files import read_hf_config
+from trainer.checkpoint.hf_files import read_hf_config
 from trainer.models.gpt.convert import load_hf_weights
 from trainer.models.gpt.generate import generate_ids
 from trainer.models.gpt.hf import shape_from_hf_config
@@ -160,7 +160,7 @@ def _pp_worker(rank: int, port: int, directory: str, prompts: list[list[int]], n
     try:
         from torch.distributed.device_mesh import init_device_mesh
 
-        from trainer.parallel_dims import MESH_DIM_NAMES
+        from trainer.parallel.dims import MESH_DIM_NAMES
 
         mesh = init_device_mesh("cpu", (PP_STAGES, 1, 1), mesh_dim_names=MESH_DIM_NAMES)
         run = t5_runner(*t5_model(Path(directory), PP_STAGES, mesh))

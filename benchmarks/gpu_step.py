@@ -6,7 +6,7 @@ and LiBai's mT5-base (12+12 layers, d_model 768, 12 heads of 64, gated-GELU d_ff
 weights on both sides; no dropout (the two sides draw no random numbers, so their losses match).
 
 - ours: the trainer's `ParallelModel` of the family (its autocast, loss and, with ``--compile``, its
-  per-block torch.compile), the AdamW kernel `trainer.optim.select_adamw_kernel` picks (fused on
+  per-block torch.compile), the AdamW kernel `trainer.optim.optimizer.select_adamw_kernel` picks (fused on
   CUDA), the trainer's global gradient norm and clipping;
 - plain: the same model class with the same initial weights, ``torch.autocast``, cross-entropy,
   ``clip_grad_norm_`` and ``torch.optim.AdamW(fused=True)``; with ``--compile``, ``torch.compile`` of
@@ -14,7 +14,7 @@ weights on both sides; no dropout (the two sides draw no random numbers, so thei
 
 Each side trains ``--warmup`` steps (compilation happens there), then ``--steps`` timed steps on
 batches already on the device; it reports tokens/s, samples/s, model TFLOP/s (the trainer's FLOP
-counts), MFU against the device's bf16 peak (`trainer.metrics.PEAK_FLOPS`) and peak memory. The
+counts), MFU against the device's bf16 peak (`trainer.metrics.writers.PEAK_FLOPS`) and peak memory. The
 sides run one after the other, each freed before the next is built, so each peak is its own.
 
     python -m benchmarks.gpu_step                          # both models, eager, on the CUDA device
@@ -46,19 +46,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.config import OptimizerConfig, ParallelismConfig
-from trainer.data import IGNORE_INDEX
+from trainer.data.batches import IGNORE_INDEX
 from trainer.models.gpt.data import GPTMicroBatch
-from trainer.grads import clip_factor, global_grad_norm, scale_grads
-from trainer.metrics import device_peak_flops
+from trainer.optim.grads import clip_factor, global_grad_norm, scale_grads
+from trainer.metrics.writers import device_peak_flops
 from trainer.models import model_spec
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.gpt.training import flops_per_token as gpt_flops_per_token
 from trainer.models.t5.data import T5MicroBatch
 from trainer.models.t5.model import T5, T5Shape
 from trainer.models.t5.training import flops_per_token as t5_flops_per_token
-from trainer.optim import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
-from trainer.parallel_dims import ParallelDims, pad_vocab_size
-from trainer.runner import ParallelModel
+from trainer.optim.optimizer import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
+from trainer.parallel.dims import ParallelDims, pad_vocab_size
+from trainer.parallel.runner import ParallelModel
 
 EXIT_NO_CUDA = 2
 SEED = 1234

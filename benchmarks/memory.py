@@ -1,13 +1,13 @@
-"""Per-rank model-state bytes of each ZeRO stage (`trainer.zero`) against the ZeRO paper's formulas, between
+"""Per-rank model-state bytes of each ZeRO stage (`trainer.parallel.zero`) against the ZeRO paper's formulas, between
 steps and at their peak within a step, and the step time of each stage next to stage 0's, from one run of
 ``train --print-memory`` per stage.
 
 A GPT of Ψ parameters (activations small against its model states) trains a few steps on N gloo CPU ranks
 (pure data parallelism, one micro-batch per step), in fp32 and in bf16 autocast, at stages 0-3 and with the
 optimiser offloaded. Two figures per rank, the largest rank's shown:
-- between steps: the ``memory`` record after the first step (`trainer.memory_report.measure_memory`):
+- between steps: the ``memory`` record after the first step (`trainer.metrics.memory_report.measure_memory`):
   parameters + gradients + optimiser state;
-- peak in step: the largest of `trainer.memory_report.StepStateSampler`'s samples (end of forward, end of
+- peak in step: the largest of `trainer.metrics.memory_report.StepStateSampler`'s samples (end of forward, end of
   backward, before and after the optimiser step) of the steps after the first, which also counts FSDP2's
   gathered weights and autocast's cached bf16 casts of the weights.
 
@@ -40,8 +40,8 @@ import torch.multiprocessing as mp
 from indexed_dataset import IndexedDatasetWriter
 from trainer.config import (DataConfig, LoggingConfig, ModelConfig, OptimizerConfig, ParallelismConfig,
                             PrecisionConfig, TrainConfig, TrainingConfig)
-from trainer.memory_report import StepStateSampler
-from trainer.metrics_records import read_run
+from trainer.metrics.memory_report import StepStateSampler
+from trainer.metrics.records import read_run
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.train import train
 

@@ -2,8 +2,8 @@
 plain PyTorch loop over the same model, batch shape and optimiser; plus T5 sample-building throughput.
 
 "Ours" reads its micro-batches from the span-corruption dataset (`samplers.t5.dataset`) through the
-trainer's prefetch thread (`trainer.data.Prefetcher`), clips with the trainer's DTensor-aware global
-norm (`trainer.grads`) and runs AdamW with Megatron's parameter groups (`trainer.optim`); the
+trainer's prefetch thread (`trainer.data.batches.Prefetcher`), clips with the trainer's DTensor-aware global
+norm (`trainer.optim.grads`) and runs AdamW with Megatron's parameter groups (`trainer.optim.optimizer`); the
 baseline trains on batches already in memory with `clip_grad_norm_` and one AdamW group. Steps alternate between the two (both
 see the same load); a round's figure is its median step time, the reported one the median of rounds.
 
@@ -31,9 +31,9 @@ import torch.nn.functional as F
 from indexed_dataset import IndexedDatasetWriter
 from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets
 from trainer.config import OptimizerConfig
-from trainer.data import Prefetcher
-from trainer.grads import clip_factor, global_grad_norm, scale_grads
-from trainer.optim import build_optimizer
+from trainer.data.batches import Prefetcher
+from trainer.optim.grads import clip_factor, global_grad_norm, scale_grads
+from trainer.optim.optimizer import build_optimizer
 from trainer.models.t5.data import IGNORE_INDEX, collate_t5
 from trainer.models.t5.model import T5, T5Shape
 

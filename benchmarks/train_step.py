@@ -37,7 +37,7 @@ from trainer.config import (
     TrainingConfig,
 )
 from trainer.models.gpt.model import GPT
-from trainer.optim import build_optimizer
+from trainer.optim.optimizer import build_optimizer
 from trainer.models.gpt.training import model_shape
 from trainer.train import train
 

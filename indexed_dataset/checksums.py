@@ -17,7 +17,7 @@ Layout (JSON; names relative to the manifest's folder)::
      "files": {"corpus_arrow/data-00000-of-00001.arrow": {"bytes": 1460000000, "sha256": ["<hex>", ...]}, ...}}
 
 Each file is hashed in blocks of `block_bytes`, several blocks at once on threads (hashlib releases the GIL
-on large updates); the checkpoint manifest (`trainer.checkpoint_manifest`) hashes the same way. A dataset
+on large updates); the checkpoint manifest (`trainer.checkpoint.manifest`) hashes the same way. A dataset
 without a manifest (written by another tool, or by an older tokenmill) is read unverified. The manifest
 guards against damage, not forgery.
 """

@@ -12,13 +12,13 @@ import pytest
 from indexed_dataset.cli_parser import HelpFormatter
 from preprocess import cli as preprocess_cli
 from preprocess import convert_cli, merge_cli
-from trainer import inspect_cli
+from trainer.cli import inspect as inspect_cli
 from samplers import cli as build_indices_cli
-from trainer import cli as train_cli
-from trainer import convert_cli as convert_checkpoint_cli
-from trainer import generate_cli
-from trainer import plot_cli
-from trainer.cli_args import _sections, build_parser as build_train_parser
+from trainer.cli import train as train_cli
+from trainer.cli import convert as convert_checkpoint_cli
+from trainer.cli import generate as generate_cli
+from trainer.cli import plot as plot_cli
+from trainer.cli.train_args import _sections, build_parser as build_train_parser
 
 PARSERS = {
     "preprocess-data": preprocess_cli.build_parser,

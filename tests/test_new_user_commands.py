@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 
 from preprocess.cli import main as preprocess_data
-from trainer.generate_cli import format_completion
-from trainer.generate_cli import main as generate
-from trainer.cli import main as train
+from trainer.cli.generate import format_completion
+from trainer.cli.generate import main as generate
+from trainer.cli.train import main as train
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -82,7 +82,7 @@ def test_build_indices_says_requested_and_indexed_samples(tmp_path, caplog):
 
 def test_inspect_index_plot_checks_the_name_first_and_says_it_wrote(tmp_path, capsys):
     """A wrong picture suffix is refused before any report is printed; a picture written is named."""
-    from trainer.inspect_cli import main as inspect_index
+    from trainer.cli.inspect import main as inspect_index
 
     prefix = str(REPO / "data_test" / "megatron" / "sample_en_eod_text_document")
     assert inspect_index([prefix, "--plot", str(tmp_path / "out.jpg")]) != 0
@@ -94,7 +94,7 @@ def test_inspect_index_plot_checks_the_name_first_and_says_it_wrote(tmp_path, ca
     assert sorted(path.name for path in tmp_path.iterdir()) == ["out.png"]
 
 
-@pytest.mark.parametrize("module", ["trainer.evaluate_cli", "trainer.generate_cli"])
+@pytest.mark.parametrize("module", ["trainer.cli.evaluate", "trainer.cli.generate"])
 def test_model_commands_list_no_preprocessing_flags(module):
     import importlib
 
@@ -104,7 +104,7 @@ def test_model_commands_list_no_preprocessing_flags(module):
 
 
 def test_convert_checkpoint_help_names_every_family_and_finetune_shows_defaults():
-    from trainer.convert_cli import build_parser as convert_parser
+    from trainer.cli.convert import build_parser as convert_parser
     from trainer.squad.finetune_cli import build_parser as finetune_parser
 
     text = " ".join(convert_parser().format_help().split())
@@ -143,7 +143,7 @@ def test_preprocess_logs_the_published_mindrecord_path_and_convert_logs_plain_li
 
 def test_inspect_index_says_requested_and_indexed_samples(capsys):
     """``inspect-index ... --train-samples 100``: "1 epoch, 100 requested, 3960 indexed (whole epochs)"."""
-    from trainer.inspect_cli import main as inspect_index
+    from trainer.cli.inspect import main as inspect_index
 
     prefix = str(REPO / "data_test" / "megatron" / "sample_en_eod_text_document")
     assert inspect_index([prefix, "--seq-length", "64", "--train-samples", "100", "--split", "90,5,5"]) == 0

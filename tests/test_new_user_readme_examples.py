@@ -21,7 +21,7 @@ from preprocess.cli import main as preprocess_data
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_CPU_BUDGET_S = 30.0
 COMMAND_TIMEOUT_S = 300
-SCRIPTS = {"train": "trainer.cli", "generate": "trainer.generate_cli"}
+SCRIPTS = {"train": "trainer.cli.train", "generate": "trainer.cli.generate"}
 
 
 def _train_block() -> list[list[str]]:

@@ -38,7 +38,7 @@ LAUNCH_VARIABLES = ("GPUS_PER_NODE", "NNODES", "NODE", "NODE_RANK", "MASTER_ADDR
 
 
 def console_scripts() -> dict[str, str]:
-    """Script name -> its module (``train`` -> ``trainer.cli``)."""
+    """Script name -> its module (``train`` -> ``trainer.cli.train``)."""
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
     return {name: target.split(":")[0] for name, target in scripts.items()}
 
@@ -128,7 +128,7 @@ def test_the_command_parses(command, capsys):
     except SystemExit:
         pytest.fail(f"{command.where}: {command.script} {shlex.join(command.words)}\n{capsys.readouterr().err}")
     if command.script == "train" and not command.elided:
-        from trainer.cli_args import config_from_args
+        from trainer.cli.train_args import config_from_args
 
         config_from_args(args)
 

@@ -1,11 +1,11 @@
 """`TrainConfig`: every setting of a training run, one sub-dataclass per concern.
 
 Field names follow Megatron-LM's flags (``num_layers`` is ``--num-layers``). Each field carries a
-one-line docstring; `trainer.cli_args` turns the fields and their docstrings into the ``train`` flags.
+one-line docstring; `trainer.cli.train_args` turns the fields and their docstrings into the ``train`` flags.
 Every numeric field declares its valid `Range` (``flag(..., valid=...)``), which ``--help`` prints and
 `check_ranges` enforces. Checks that need only one section live in that section's ``__post_init__``;
 checks across sections in `TrainConfig.__post_init__`, and those that need the world size in
-`trainer.parallel_dims.ParallelDims`.
+`trainer.parallel.dims.ParallelDims`.
 
 Example:
     >>> cfg = TrainConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -29,7 +29,7 @@ from samplers.errors import BlendFormatError, SplitFormatError
 from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
 from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_blend, parse_split
 from trainer.errors import ModelFileError, TrainConfigError
-from trainer.lr_schedule import LR_DECAY_STYLES, LR_WSD_DECAY_STYLES, WD_INCR_STYLES, ParamScheduler, count_text
+from trainer.optim.lr_schedule import LR_DECAY_STYLES, LR_WSD_DECAY_STYLES, WD_INCR_STYLES, ParamScheduler, count_text
 from trainer.models import FAMILIES
 
 MODEL_KINDS = tuple(FAMILIES)
@@ -380,13 +380,13 @@ class TrainingConfig:
     """torch.compile each transformer block (inductor; the first steps pay the compile time)."""
     deepspeed_config: str | None = flag(None, "--deepspeed_config")
     """DeepSpeed JSON config whose batch, precision, ZeRO, optimiser and scheduler keys set our flags
-    (`trainer.deepspeed_config`); flags on the command line win."""
+    (`trainer.cli.deepspeed_config`); flags on the command line win."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
         for name in ("rampup_batch_size", "step_batch_size_schedule"):
             if getattr(self, name) is not None:
-                # The schedules' math is `trainer.batch_size_schedule`; the step loop and the data order do not
+                # The schedules' math is `trainer.optim.batch_size_schedule`; the step loop and the data order do not
                 # yet change the number of micro-batches between steps.
                 raise TrainConfigError(f"{name}: a global batch that changes during the run is not supported by "
                                        "train yet")
@@ -827,7 +827,7 @@ class TrainConfig:
     moe: MoEConfig = field(default_factory=MoEConfig)
 
     def __post_init__(self) -> None:
-        # Rules across sections that need no world size (those that do: `trainer.parallel_dims`).
+        # Rules across sections that need no world size (those that do: `trainer.parallel.dims`).
         # The schedule's own rules (a warm-up shorter than the decay, ...). Any batch size gives the same verdict:
         # an iteration-based run's lengths all scale with it.
         self.optimizer.scheduler(self.training, self.training.global_batch_size or 1)

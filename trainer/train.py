@@ -1,7 +1,7 @@
 """`train(config)`: the training loop behind the ``train`` command.
 
 One process or many (under torchrun, ``train --num-gpus-per-node N``, or a process group the caller
-already set up): the loop is the same; the layout lives in `trainer.runner.ParallelModel`, and what is
+already set up): the loop is the same; the layout lives in `trainer.parallel.runner.ParallelModel`, and what is
 particular to a model family (its shape, data, model, checkpoint names, HF weights) is asked of its
 `trainer.models.spec.ModelSpec`: the loop never tests which family it runs.
 
@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 
 from samplers.run_length import RunLength
-from trainer.auxiliary import MAX, MEAN
-from trainer.checkpoint import (
+from trainer.optim.auxiliary_losses import MAX, MEAN
+from trainer.checkpoint.store import (
     MODEL_CONFIG_FILE,
     MODEL_PREFIX,
     check_load_path,
@@ -38,20 +38,20 @@ from trainer.checkpoint import (
     vocab_row_names,
 )
 from trainer.config import TrainConfig
-from trainer.data import Prefetcher, explained_sample_counts, step_iterator
-from trainer.distributed import DistContext, init_distributed, resolve_device_type
-from trainer.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
-from trainer.checkpoint_lengths import record_sequence_lengths
-from trainer.checkpoint_tokenizer import record_tokenizer, run_tokenizer
-from trainer.hf_files import copy_tokenizer_files, read_json
-from trainer.memory_report import gather_reports, measure_memory
-from trainer.metrics import MetricsWriter, StepTimer, TrainStats, device_peak_flops
-from trainer.metrics_records import METRICS_FILE_NAME
+from trainer.data.batches import Prefetcher, explained_sample_counts, step_iterator
+from trainer.parallel.distributed import DistContext, init_distributed, resolve_device_type
+from trainer.optim.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
+from trainer.checkpoint.lengths import record_sequence_lengths
+from trainer.checkpoint.tokenizer import record_tokenizer, run_tokenizer
+from trainer.checkpoint.hf_files import copy_tokenizer_files, read_json
+from trainer.metrics.memory_report import gather_reports, measure_memory
+from trainer.metrics.writers import MetricsWriter, StepTimer, TrainStats, device_peak_flops
+from trainer.metrics.records import METRICS_FILE_NAME
 from trainer.models import model_spec
 from trainer.moe.settings import check_family_has_experts
-from trainer.runner import ParallelModel
-from trainer.save_directory import check_save_directory, claim_save_directory
-from trainer.optim import (
+from trainer.parallel.runner import ParallelModel
+from trainer.checkpoint.save_directory import check_save_directory, claim_save_directory
+from trainer.optim.optimizer import (
     SCHEDULER_PREFIX,
     LossScaler,
     apply_schedule,
@@ -59,8 +59,8 @@ from trainer.optim import (
     scheduler_state_from_tensors,
     scheduler_state_tensors,
 )
-from trainer.parallel_dims import ParallelDims, resolve_parallel_dims
-from trainer.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states, refresh_masters
+from trainer.parallel.dims import ParallelDims, resolve_parallel_dims
+from trainer.parallel.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states, refresh_masters
 
 logger = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ class TrainResult:
     eval_losses: dict[str, float] = field(default_factory=dict)
     """Latest loss per evaluated split ("valid", "test")."""
     auxiliary: list[dict[str, float]] = field(default_factory=list)
-    """The model's auxiliary metrics of each step this call ran (`trainer.auxiliary`; empty dicts for a model
+    """The model's auxiliary metrics of each step this call ran (`trainer.optim.auxiliary_losses`; empty dicts for a model
     without auxiliary losses)."""
 
 
@@ -134,7 +134,7 @@ class _Run:
             parts = self.spec.training_parts(config, self.dims.tp, self.run_length.sizes())
         self.vocabulary, self.shape, self.collate = parts.vocabulary, parts.shape, parts.collate
         data = config.data
-        # The tokenizer each checkpoint records (`trainer.checkpoint_tokenizer`).
+        # The tokenizer each checkpoint records (`trainer.checkpoint.tokenizer`).
         files = {"vocab_file": data.vocab_file, "merge_file": data.merge_file, "tokenizer_model": data.tokenizer_model}
         self.tokenizer = run_tokenizer(data.tokenizer_type, files, self.vocabulary.size)
         check_family_has_experts(config.moe.num_experts, self.shape, config.model.model)
@@ -181,7 +181,7 @@ class _Run:
 
     def _state(self, optimizer_state: dict | None = None) -> dict[str, torch.Tensor]:
         """Everything a checkpoint holds, as tensors under layout-independent names (the optimiser's state
-        at full size: ``optimizer_state`` from `trainer.zero.optimizer_states`, or gathered here)."""
+        at full size: ``optimizer_state`` from `trainer.parallel.zero.optimizer_states`, or gathered here)."""
         state: dict[str, torch.Tensor] = {}
         if optimizer_state is None:
             optimizer_state = optimizer_states(self.optimizer)

@@ -243,15 +243,15 @@ def workflow(settings: Settings, run: Commands) -> dict:
             sample.write_text("".join(line for _, line in zip(range(TINY_SAMPLE_DOCUMENTS), whole)))
     run(cli("preprocess.cli", "--input", str(sample), "--output-prefix", str(prefix), *TOKENIZER,
             "--append-eod", "--workers", "2"))
-    run(cli("trainer.cli", "--dataset", data, *TOKENIZER, "--split", "90,5,5",
+    run(cli("trainer.cli.train", "--dataset", data, *TOKENIZER, "--split", "90,5,5",
             "--data-cache-path", str(settings.work / "index-cache"),
             *(TINY_WORKFLOW_MODEL if settings.tiny else WORKFLOW_MODEL), "--train-iters", str(steps),
             "--lr", "3e-4", "--lr-warmup-iters", "5", "--log-interval", "5", "--eval-interval", str(steps),
             "--eval-iters", "2", "--device", settings.device, "--bf16", "--print-memory", "--timing-log-level", "1",
             "--save", str(checkpoint)))
-    generated = run(cli("trainer.generate_cli", "--load", str(checkpoint), "--prompt", WORKFLOW_PROMPT,
+    generated = run(cli("trainer.cli.generate", "--load", str(checkpoint), "--prompt", WORKFLOW_PROMPT,
                         "--max-new-tokens", str(WORKFLOW_NEW_TOKENS), "--greedy", "--device", settings.device, "--json"))
-    evaluated = run(cli("trainer.evaluate_cli", "--task", "perplexity", "--data", data, "--load", str(checkpoint),
+    evaluated = run(cli("trainer.cli.evaluate", "--task", "perplexity", "--data", data, "--load", str(checkpoint),
                         "--device", settings.device, "--json"))
     records = [json.loads(line) for line in (checkpoint / "metrics.jsonl").read_text().splitlines()]
     logged = [record for record in records if "lr" in record]

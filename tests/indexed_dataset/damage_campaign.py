@@ -306,7 +306,7 @@ def _run(main: Callable[[list[str]], int], argv: list[str]) -> tuple[str, str]:
 def _commands(source: str, dataset: str, work: str) -> list[tuple[str, Callable, list[str], list[str]]]:
     """(name, main, argv, outputs it may write) of every command run on one damaged dataset."""
     from preprocess import convert_cli, merge_cli
-    from trainer import inspect_cli
+    from trainer.cli import inspect as inspect_cli
 
     merged = os.path.join(work, "merged")
     suffix = {"mmap": "", "arrow": "_arrow", "mindrecord": ".mindrecord"}[source]

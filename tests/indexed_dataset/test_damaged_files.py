@@ -21,7 +21,7 @@ import pytest
 from damage_campaign import GOLDEN_MINDRECORD, GOLDEN_MMAP, OUTCOMES, run_campaign
 from indexed_dataset import IndexFormatError, ShardFormatError, convert, open_reader
 from preprocess import convert_cli, merge_cli
-from trainer import inspect_cli
+from trainer.cli import inspect as inspect_cli
 
 # Outcomes a correct tool never produces (see damage_campaign.OUTCOMES).
 WRONG_OUTCOMES = [outcome for outcome in OUTCOMES if outcome not in ("clean_error", "accepted")]

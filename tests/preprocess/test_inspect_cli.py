@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from indexed_dataset import IndexedDataset
-from trainer import inspect_cli
+from trainer.cli import inspect as inspect_cli
 from indexed_dataset.inspect import inspect_dataset
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from preprocess_testing import GOLDEN, GPT2_FLAGS, GPT2_MERGES, GPT2_VOCAB, sample_texts

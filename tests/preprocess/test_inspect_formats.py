@@ -7,7 +7,7 @@ import json
 import pytest
 
 from indexed_dataset import convert
-from trainer import inspect_cli
+from trainer.cli import inspect as inspect_cli
 from indexed_dataset.inspect import inspect_dataset
 
 GOLDEN_PREFIX = "sample_en_eod_text_document"

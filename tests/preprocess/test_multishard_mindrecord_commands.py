@@ -12,7 +12,7 @@ import numpy as np
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter, convert, open_reader
 from indexed_dataset.mindrecord_reader import read_header
 from preprocess import cli, merge_cli
-from trainer import inspect_cli
+from trainer.cli import inspect as inspect_cli
 from preprocess_testing import GPT2_FLAGS, write_jsonl
 
 SHARDS = 4

@@ -26,7 +26,8 @@ from refusal_testing import assert_refused, tree_digest, write_dataset, write_sa
 from indexed_dataset.formats import dataset_path, open_reader
 from preprocess import cli as preprocess_cli
 from preprocess import convert_cli, merge_cli
-from trainer import inspect_cli, plot_cli
+from trainer.cli import inspect as inspect_cli
+from trainer.cli import plot as plot_cli
 
 pytestmark = pytest.mark.timeout(120)
 

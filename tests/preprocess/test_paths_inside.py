@@ -31,8 +31,8 @@ from indexed_dataset.formats import open_reader, open_writer
 from preprocess import cli as preprocess_cli
 from preprocess import convert_cli, merge_cli
 from samplers import cli as build_indices_cli
-from trainer import cli as train_cli
-from trainer import inspect_cli
+from trainer.cli import train as train_cli
+from trainer.cli import inspect as inspect_cli
 
 pytestmark = pytest.mark.timeout(180)
 

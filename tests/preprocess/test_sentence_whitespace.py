@@ -35,7 +35,7 @@ def test_decoded_sentences_with_keep_newlines_give_back_the_document(tmp_path):
 
 
 def test_inspect_index_decodes_split_sentences_with_the_space_between_them(tmp_path, capsys):
-    from trainer import inspect_cli
+    from trainer.cli import inspect as inspect_cli
 
     source = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": TEXT}])
     assert cli.main(["--input", source, "--output-prefix", str(tmp_path / "out"), *GPT2_FLAGS,

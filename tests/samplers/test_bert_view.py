@@ -13,7 +13,7 @@ from samplers.bert.dataset import BertDatasetConfig, build_bert_datasets
 from samplers.bert.masking import masking_options
 from samplers.bert.view import vocabulary_pieces
 from samplers.view import ViewVocabulary
-from trainer import inspect_cli
+from trainer.cli import inspect as inspect_cli
 
 TOKENIZER_FLAGS = ["--vocab-file", str(VOCAB_FILE), "--tokenizer-type", "BertWordPieceLowerCase"]
 # What Megatron's BertWordPieceLowerCase holds: the file's pieces, then its appended [BOS] and [EOS].

@@ -19,7 +19,7 @@ from cli_testing import refused
 from samplers.cli import main as build_indices
 from samplers.errors import SplitFormatError
 from samplers.splits import parse_split
-from trainer.inspect_cli import main as inspect_index
+from trainer.cli.inspect import main as inspect_index
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -16,7 +16,7 @@ from samplers.splits import DEFAULT_SPLIT
 from samplers.t5.dataset import T5DatasetConfig
 from samplers.view import TrainingViewConfig
 from trainer.config import DataConfig
-from trainer.inspect_cli import main as inspect_index
+from trainer.cli.inspect import main as inspect_index
 
 SEQ = 64
 

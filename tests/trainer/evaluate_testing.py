@@ -35,7 +35,7 @@ def tiny_hf(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def checkpoint(tiny_hf, tmp_path_factory) -> Path:
     """The tiny GPT-2 imported with ``convert-checkpoint --from-hf`` (vocabulary padded to 50304 rows)."""
-    from trainer.convert_cli import main as convert
+    from trainer.cli.convert import main as convert
 
     root = tmp_path_factory.mktemp("eval_ckpt") / "ckpt"
     assert convert(["--from-hf", str(tiny_hf), "--to", str(root)]) == 0

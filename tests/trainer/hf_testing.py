@@ -88,7 +88,7 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
 # -- multi-process jobs ----------------------------------------------------------------------------------
 
 def job_generate(tp: int, pp: int, load: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    from trainer.generate import GenerateConfig, generate
+    from trainer.generation.generate import GenerateConfig, generate
     from trainer.generation.sampling import SamplingConfig
 
     config = GenerateConfig(load=load, prompt_ids=prompts, max_new_tokens=max_new_tokens,
@@ -100,17 +100,17 @@ def job_generate(tp: int, pp: int, load: str, prompts: list[list[int]], max_new_
 def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
     """Start from ``source`` (a checkpoint, or a HF directory through load_hf_weights), train ``steps`` AdamW
     steps on random tokens in a tp x pp layout with the trainer's ParallelModel, save the model (DCP)."""
-    from trainer.checkpoint import load_checkpoint, save_checkpoint
+    from trainer.checkpoint.store import load_checkpoint, save_checkpoint
     from trainer.config import OptimizerConfig, ParallelismConfig
     from trainer.models.gpt.data import GPTMicroBatch
-    from trainer.checkpoint import MODEL_PREFIX
+    from trainer.checkpoint.store import MODEL_PREFIX
     from trainer.models.gpt.convert import checkpoint_model, load_hf_weights
-    from trainer.hf_files import is_hf_directory, read_hf_config
+    from trainer.checkpoint.hf_files import is_hf_directory, read_hf_config
     from trainer.models.gpt.hf import shape_from_hf_config
-    from trainer.optim import build_optimizer
-    from trainer.parallel_dims import ParallelDims, pad_vocab_size
+    from trainer.optim.optimizer import build_optimizer
+    from trainer.parallel.dims import ParallelDims, pad_vocab_size
     from trainer.models.gpt.spec import PLAN
-    from trainer.runner import ParallelModel
+    from trainer.parallel.runner import ParallelModel
 
     if is_hf_directory(source):
         config = read_hf_config(source)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from trainer_testing import argv_for, tiny_config
 
-from trainer.save_directory import LOCK_FILE
+from trainer.checkpoint.save_directory import LOCK_FILE
 
 SAVED_ITERATIONS = 2
 

@@ -15,8 +15,8 @@ import torch
 from hf_testing import LOGIT_TOLERANCE, seed_weights
 from test_bert_train import bert_config, wordpiece_sentences  # noqa: F401 (the fixture)
 
-from trainer.checkpoint import resolve_checkpoint
-from trainer.convert_cli import main as convert_main
+from trainer.checkpoint.store import resolve_checkpoint
+from trainer.cli.convert import main as convert_main
 from trainer.models.bert.convert import hf_bert_train_defaults, read_bert_checkpoint
 from trainer.models.bert.model import Bert
 from trainer.train import train

@@ -14,16 +14,16 @@ import torch
 from process_testing import run_jobs
 
 from trainer.config import OptimizerConfig, ParallelismConfig
-from trainer.data import IGNORE_INDEX
+from trainer.data.batches import IGNORE_INDEX
 from trainer.errors import TrainConfigError
-from trainer.grads import reduce_loss
+from trainer.optim.grads import reduce_loss
 from trainer.models.bert.data import bert_loss, collate_bert
 from trainer.models.bert.model import Bert, BertShape
 from trainer.models.bert.pipeline import split_stage
 from trainer.models.bert.spec import PLAN as BERT_PLAN
-from trainer.optim import build_optimizer
-from trainer.parallel_dims import ParallelDims
-from trainer.runner import ParallelModel
+from trainer.optim.optimizer import build_optimizer
+from trainer.parallel.dims import ParallelDims
+from trainer.parallel.runner import ParallelModel
 
 STEPS = 8
 LOSS_TOLERANCE = 1e-4

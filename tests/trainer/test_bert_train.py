@@ -11,7 +11,7 @@ import os
 import pytest
 from trainer_testing import argv_for
 
-from trainer.cli import main
+from trainer.cli.train import main
 from trainer.config import (
     BertConfig,
     CheckpointConfig,
@@ -93,7 +93,7 @@ def test_bert_needs_a_wordpiece_vocabulary(wordpiece_sentences, data_test, tmp_p
 
 
 def test_an_incomplete_hugging_face_bert_refuses_in_one_line(data_test, tmp_path, capsys):
-    from trainer.convert_cli import main as convert_main
+    from trainer.cli.convert import main as convert_main
 
     hf = tmp_path / "hf"
     hf.mkdir()

@@ -26,12 +26,12 @@ import torch
 from hf_testing import make_tiny_hf
 from trainer_testing import argv_for, tiny_config
 
-from trainer.checkpoint import METADATA_FILE, checkpoint_dir
-from trainer.checkpoint_manifest import MANIFEST_FILE, MANIFESTED_FILE, write_manifest
-from trainer.cli import main as train_main
+from trainer.checkpoint.store import METADATA_FILE, checkpoint_dir
+from trainer.checkpoint.manifest import MANIFEST_FILE, MANIFESTED_FILE, write_manifest
+from trainer.cli.train import main as train_main
 from trainer.errors import CheckpointError
-from trainer.convert_cli import main as convert_main
-from trainer.generate_cli import main as generate_main
+from trainer.cli.convert import main as convert_main
+from trainer.cli.generate import main as generate_main
 
 ITERATION = 1
 # A code the copyreg extension registry lends to the attack for the length of one test.
@@ -249,7 +249,7 @@ def test_every_saved_file_is_in_the_manifest(saved_run):
 def test_a_damaged_block_of_a_large_file_is_found_and_named(tmp_path, monkeypatch):
     """Files are hashed in blocks (in parallel); a change in any block, the last partial one included, is
     one line naming the file and the byte range."""
-    import trainer.checkpoint_manifest as manifest
+    import trainer.checkpoint.manifest as manifest
 
     monkeypatch.setattr(manifest, "BLOCK_BYTES", 1000)
     (tmp_path / "shard").write_bytes(bytes(range(256)) * 10)  # 2,560 bytes: blocks of 1000, 1000, 560

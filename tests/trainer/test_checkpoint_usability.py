@@ -17,9 +17,9 @@ import pytest
 from hf_testing import make_tiny_hf
 from trainer_testing import argv_for, tiny_config
 
-from trainer.checkpoint import LATEST_FILE
-from trainer.cli import main as train_main
-from trainer.convert_cli import main as convert_main
+from trainer.checkpoint.store import LATEST_FILE
+from trainer.cli.train import main as train_main
+from trainer.cli.convert import main as convert_main
 from trainer.models.gpt.convert import checkpoint_model
 
 GPT2_VOCAB = 50257

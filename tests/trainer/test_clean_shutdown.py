@@ -21,7 +21,7 @@ RUN_TIMEOUT_S = 300
 
 
 def _argv(prefix: str, cache: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "trainer.cli", "--dataset", prefix, "--vocab-size", "256",
+    return [sys.executable, "-m", "trainer.cli.train", "--dataset", prefix, "--vocab-size", "256",
             "--make-vocab-size-divisible-by", "64", "--data-cache-path", cache, "--num-layers", "2",
             "--hidden-size", "32", "--num-attention-heads", "4", "--seq-length", "32", "--micro-batch-size", "2",
             "--global-batch-size", "4", "--train-iters", "3", "--log-interval", "1", "--eval-iters", "0", "--device", "cpu",
@@ -62,8 +62,8 @@ def test_two_workers_that_succeed_leave_quietly(tiny_prefix, tmp_path, layout):
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
 def test_a_t5_split_four_ways_with_evaluation_leaves_quietly(sentence_prefix, data_test, tmp_path):
     """PP 2 x TP 2 with sequence parallelism and an evaluation: the decoder embeddings only pass through the
-    encoder stage, and their reduce-scatter was left unwaited (`trainer.pipeline.settled`)."""
-    argv = [sys.executable, "-m", "trainer.cli", "--model", "t5", "--dataset", sentence_prefix,
+    encoder stage, and their reduce-scatter was left unwaited (`trainer.parallel.pipeline.settled`)."""
+    argv = [sys.executable, "-m", "trainer.cli.train", "--model", "t5", "--dataset", sentence_prefix,
             "--tokenizer-type", "SentencePieceTokenizer",
             "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model"), "--split", "90,5,5",
             "--data-cache-path", str(tmp_path / "cache"), "--num-layers", "2", "--hidden-size", "32",

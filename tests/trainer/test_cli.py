@@ -5,8 +5,8 @@ import json
 import pytest
 from trainer_testing import argv_for, tiny_config
 
-from trainer.cli import main
-from trainer.cli_args import build_parser, config_from_args
+from trainer.cli.train import main
+from trainer.cli.train_args import build_parser, config_from_args
 
 TRAIN_KEYS = {"iteration", "consumed_samples", "loss", "lr", "grad_norm", "ms_per_iteration", "tokens_per_second"}
 

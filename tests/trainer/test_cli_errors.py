@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 from trainer_testing import argv_for, result_record, tiny_config
 
-from trainer.cli import main
+from trainer.cli.train import main
 
 
 def run_failing(argv, capsys) -> str:

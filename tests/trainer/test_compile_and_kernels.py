@@ -20,13 +20,13 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
 from trainer_testing import LOSS_RTOL, result_record, t5_config, tiny_config
 
-from trainer.cli_args import build_parser, config_from_args
+from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import OptimizerConfig, ParallelismConfig
 from trainer.models.gpt.model import GPTShape
-from trainer.optim import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
-from trainer.parallel_dims import ParallelDims
+from trainer.optim.optimizer import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
+from trainer.parallel.dims import ParallelDims
 from trainer.models.gpt.spec import PLAN as GPT_PLAN
-from trainer.runner import ParallelModel
+from trainer.parallel.runner import ParallelModel
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3

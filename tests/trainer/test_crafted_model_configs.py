@@ -21,11 +21,11 @@ import pytest
 from hf_testing import make_tiny_hf
 from trainer_testing import argv_for, tiny_config
 
-from trainer.checkpoint import MODEL_CONFIG_FILE
-from trainer.cli import main as train_main
-from trainer.convert_cli import main as convert_main
-from trainer.evaluate_cli import main as evaluate_main
-from trainer.generate_cli import main as generate_main
+from trainer.checkpoint.store import MODEL_CONFIG_FILE
+from trainer.cli.train import main as train_main
+from trainer.cli.convert import main as convert_main
+from trainer.cli.evaluate import main as evaluate_main
+from trainer.cli.generate import main as generate_main
 
 # Seconds one command may take to refuse a crafted file (a tiny model loads in about one).
 REFUSAL_TIMEOUT_S = 60

@@ -11,7 +11,7 @@ from evaluate_testing import (LAMBADA_SAMPLE, OVERLAP, PPL_RTOL, SEQ_LENGTH, WIK
                               hf_row_scores, hf_tokenizer, tiny_hf)
 from hf_testing import hf_model
 
-from trainer.evaluate_cli import main
+from trainer.cli.evaluate import main
 from trainer.evaluation.detokenize import detokenize_wikitext, detokenizer_for
 from trainer.evaluation.evaluate import EvaluateConfig, evaluate
 from trainer.evaluation.lambada import ClozeExample, cloze_example, cloze_rows, read_lambada, score_cloze

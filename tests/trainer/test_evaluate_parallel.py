@@ -12,7 +12,7 @@ from evaluate_testing import (LAMBADA_SAMPLE, OVERLAP, PPL_RTOL, SEQ_LENGTH, WIK
 from hf_testing import hf_model
 from process_testing import free_port, run_jobs
 
-from trainer.evaluate_cli import main
+from trainer.cli.evaluate import main
 from trainer.evaluation.lambada import ClozeExample, cloze_rows, read_lambada
 
 LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}

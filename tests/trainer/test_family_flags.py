@@ -10,10 +10,10 @@
 
 import pytest
 
-from trainer.cli import given_fields, main
-from trainer.cli_args import build_parser, config_from_args
+from trainer.cli.train import given_fields, main
+from trainer.cli.train_args import build_parser, config_from_args
 from trainer.models import model_spec
-from trainer.parallel_dims import resolve_parallel_dims
+from trainer.parallel.dims import resolve_parallel_dims
 
 
 def config_of(argv):

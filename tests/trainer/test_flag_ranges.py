@@ -10,7 +10,7 @@ import pytest
 from trainer_testing import argv_for, tiny_config
 
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter
-from trainer.cli import main
+from trainer.cli.train import main
 
 
 def run_failing(argv, capsys) -> str:
@@ -71,8 +71,8 @@ def test_negative_token_ids_are_one_line(golden, tiny_argv, tmp_path, capsys):
 def test_a_split_without_valid_share_warns_that_evaluation_never_runs(tiny_argv, caplog):
     """`--split 100,0,0 --eval-interval 1` trains (as Megatron) and says once that it never evaluates."""
     argv = tiny_argv + ["--split", "100,0,0", "--eval-interval", "1", "--eval-iters", "1", "--train-iters", "1"]
-    with caplog.at_level(logging.WARNING, logger="trainer.cli"):
+    with caplog.at_level(logging.WARNING, logger="trainer.cli.train"):
         assert main(argv) == 0
-    warnings = [r.getMessage() for r in caplog.records if r.name == "trainer.cli"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "trainer.cli.train"]
     assert warnings == ["warning: --split 100,0,0 gives the valid split no data, so no evaluation runs "
                         "(--eval-interval 1 has no effect); set --eval-iters 0 to say so"]

@@ -11,10 +11,10 @@ import torch
 from hf_testing import LOGIT_TOLERANCE, hf_model, make_tiny_hf, prompt_batch
 from trainer_testing import TINY_STEPS, argv_for, result_record, run_in_processes, tiny_config
 
-from trainer.checkpoint import MODEL_CONFIG_FILE, SafeFileSystemReader, checkpoint_dir
-from trainer.cli import main
-from trainer.cli_args import build_parser, config_from_args
-from trainer.convert_cli import main as convert_checkpoint
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, SafeFileSystemReader, checkpoint_dir
+from trainer.cli.train import main
+from trainer.cli.train_args import build_parser, config_from_args
+from trainer.cli.convert import main as convert_checkpoint
 from trainer.models.gpt.fused_qkv import fuse_qkv, fuse_state, split_qkv
 from trainer.models.gpt.convert import checkpoint_model, load_hf_weights, read_checkpoint_state
 from trainer.models.gpt.model import GPT, GPTShape

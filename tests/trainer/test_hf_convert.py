@@ -8,14 +8,14 @@ import safetensors.torch
 import torch
 from hf_testing import LOGIT_TOLERANCE, TINY_VOCAB, hf_model, make_tiny_hf, prompt_batch
 
-from trainer.convert_cli import main
+from trainer.cli.convert import main
 from trainer.models.gpt.convert import (
     checkpoint_model,
     export_hf_checkpoint,
     import_hf_checkpoint,
     read_checkpoint_state,
 )
-from trainer.hf_files import read_hf_weights
+from trainer.checkpoint.hf_files import read_hf_weights
 from trainer.errors import HFConversionError
 from trainer.models.gpt.model import GPT
 

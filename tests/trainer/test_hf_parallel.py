@@ -26,9 +26,9 @@ from hf_testing import (
 )
 from process_testing import free_port, run_jobs
 
-from trainer.generate_cli import main
+from trainer.cli.generate import main
 from trainer.models.gpt.convert import checkpoint_model, export_hf_checkpoint, import_hf_checkpoint, read_checkpoint_state
-from trainer.hf_files import read_hf_weights
+from trainer.checkpoint.hf_files import read_hf_weights
 from trainer.models.gpt.model import GPT
 
 NEW_TOKENS = 10

@@ -15,9 +15,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from trainer_testing import TINY_VOCAB, tiny_config
 
-from trainer.parallel_dims import resolve_parallel_dims
+from trainer.parallel.dims import resolve_parallel_dims
 from trainer.models.gpt.spec import PLAN as GPT_PLAN
-from trainer.runner import ParallelModel
+from trainer.parallel.runner import ParallelModel
 from trainer.models.gpt.training import model_shape
 
 LAYOUTS = {"tp2": {"tp": 2}, "pp2": {"pp": 2}, "pp2_interleaved": {"pp": 2, "schedule": "interleaved",

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from trainer_testing import LOSS_RTOL, result_record, run_in_processes, t5_config, tiny_config
 
-from trainer.cli_args import build_parser, config_from_args
-from trainer.data import SAMPLE_ID_KEY, stack_sample_ids
-from trainer.keyed_dropout import (
+from trainer.cli.train_args import build_parser, config_from_args
+from trainer.data.batches import SAMPLE_ID_KEY, stack_sample_ids
+from trainer.parallel.keyed_dropout import (
     OUTSIDE_LAYERS,
     KeyedDropout,
     attention,
@@ -31,7 +31,7 @@ from trainer.keyed_dropout import (
     sample_keys,
     set_tensor_parallel,
 )
-from trainer.keyed_dropout_reference import combine_reference, hashes_reference, sample_keys_reference
+from trainer.parallel.keyed_dropout_reference import combine_reference, hashes_reference, sample_keys_reference
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.t5.model import T5, T5Shape
 

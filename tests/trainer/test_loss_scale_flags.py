@@ -3,9 +3,9 @@ command matches flag prefixes (evaluate included)."""
 
 import pytest
 
-from trainer import evaluate_cli
-from trainer.cli_args import build_parser, config_from_args
-from trainer.optim import LossScaler
+from trainer.cli import evaluate as evaluate_cli
+from trainer.cli.train_args import build_parser, config_from_args
+from trainer.optim.optimizer import LossScaler
 
 
 def precision_of(argv):

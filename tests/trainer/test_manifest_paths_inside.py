@@ -22,10 +22,10 @@ import pytest
 import safetensors.torch
 from hf_testing import make_tiny_hf
 
-from trainer import convert_cli
-from trainer.checkpoint_manifest import MANIFEST_FILE, verify_files
+from trainer.cli import convert as convert_cli
+from trainer.checkpoint.manifest import MANIFEST_FILE, verify_files
 from trainer.errors import CheckpointError, HFConversionError
-from trainer.hf_files import read_hf_weights
+from trainer.checkpoint.hf_files import read_hf_weights
 
 pytestmark = pytest.mark.timeout(180)
 

@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.batch_size_schedule import RampupBatchSize, parse_step_batch_size_schedule, train_iters_for_samples
+from trainer.optim.batch_size_schedule import RampupBatchSize, parse_step_batch_size_schedule, train_iters_for_samples
 from trainer.config import OptimizerConfig, TrainingConfig
-from trainer.lr_schedule import ParamScheduler
+from trainer.optim.lr_schedule import ParamScheduler
 
 GOLDEN_FILE = Path(__file__).resolve().parents[2] / "data_test" / "trainer" / "megatron_schedules.npz"
 RELATIVE_TOLERANCE = 1e-12

@@ -18,13 +18,13 @@ from test_megatron_schedule_golden import CASES, DEFAULTS, GOLDEN, RELATIVE_TOLE
 from trainer_testing import argv_for, tiny_config
 
 from samplers.run_length import RunLength
-from trainer.checkpoint import LATEST_FILE
-from trainer.cli import main
-from trainer.cli_args import build_parser, config_from_args
+from trainer.checkpoint.store import LATEST_FILE
+from trainer.cli.train import main
+from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import OptimizerConfig, TrainingConfig
 from trainer.errors import TrainConfigError
 from trainer.models.gpt.model import TIED_COPY_NAME, TIED_WEIGHT_NAME
-from trainer.optim import apply_schedule, build_optimizer, embedding_and_output_names
+from trainer.optim.optimizer import apply_schedule, build_optimizer, embedding_and_output_names
 
 OPTIMIZER_FIELDS = frozenset(OptimizerConfig.__dataclass_fields__)
 # The unit test's global batch (iteration-based lengths scale with it; the rates do not).

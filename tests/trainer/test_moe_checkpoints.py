@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from trainer.checkpoint import MODEL_CONFIG_FILE, MODEL_PREFIX, save_checkpoint
-from trainer.cli import _parser_for
-from trainer.cli_args import config_from_args
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX, save_checkpoint
+from trainer.cli.train import _parser_for
+from trainer.cli.train_args import config_from_args
 from trainer.models.gpt.convert import CheckpointModel, read_model_config, save_model_config
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.t5.convert import read_t5_model_config, save_t5_model_config
@@ -65,8 +65,8 @@ def test_train_load_takes_a_gpt_checkpoints_experts_as_defaults(gpt_checkpoint):
 
 
 def test_generate_builds_the_moe_gpt_of_a_checkpoint(gpt_checkpoint, capsys):
-    from trainer.checkpoint import load_checkpoint
-    from trainer.generate_cli import main
+    from trainer.checkpoint.store import load_checkpoint
+    from trainer.cli.generate import main
 
     prompt = [3, 7, 11, 5]
     assert main(["--load", str(gpt_checkpoint), "--prompt-ids", " ".join(map(str, prompt)), "--greedy", "--json",
@@ -86,7 +86,7 @@ def test_generate_builds_the_moe_gpt_of_a_checkpoint(gpt_checkpoint, capsys):
 
 
 def test_exporting_a_moe_gpt_is_refused_in_one_line(gpt_checkpoint, tmp_path, capsys):
-    from trainer.convert_cli import main
+    from trainer.cli.convert import main
 
     assert main(["--from", str(gpt_checkpoint), "--to-hf", str(tmp_path / "out")]) != 0
     lines = capsys.readouterr().err.strip().splitlines()
@@ -108,7 +108,7 @@ def test_t5_model_config_keeps_the_experts_and_train_load_takes_them(tmp_path):
 
 
 def test_exporting_a_t5_with_non_switch_experts_is_refused_in_one_line(tmp_path, capsys):
-    from trainer.convert_cli import main
+    from trainer.cli.convert import main
 
     root = tmp_path / "t5"
     save_t5_model_config(root, dataclasses.replace(T5_SHAPE, feed_forward="relu"), VOCAB, 1, 0, "t5")

@@ -16,8 +16,8 @@ from trainer.config import MoEConfig, ParallelismConfig
 from trainer.models.gpt.model import GPTShape
 from trainer.models.gpt.spec import PLAN as GPT_PLAN
 from trainer.moe.settings import MoESettings
-from trainer.parallel_dims import ParallelDims
-from trainer.runner import ParallelModel
+from trainer.parallel.dims import ParallelDims
+from trainer.parallel.runner import ParallelModel
 
 
 def with_experts(config, **moe):

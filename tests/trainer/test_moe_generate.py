@@ -25,9 +25,9 @@ from test_t5_hf import PAD
 from trainer_testing import argv_for, tiny_config
 
 from trainer.errors import TrainConfigError
-from trainer.generate import GenerateConfig, check_generation, generate
+from trainer.generation.generate import GenerateConfig, check_generation, generate
 from trainer.generation.sampling import SamplingConfig
-from trainer.hf_files import read_hf_config, write_json
+from trainer.checkpoint.hf_files import read_hf_config, write_json
 
 PROMPTS = [[5, 17, 42, 99, 3, 64, 12], [120, 7, 64], [8, 150, 33, 21, 77, 190, 2, 9, 11], [42], [61, 180, 14, 88]]
 NEW_TOKENS = 8
@@ -63,7 +63,7 @@ def switch_expected(switch) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def switch_checkpoint(switch, tmp_path_factory) -> Path:
-    from trainer.convert_cli import main
+    from trainer.cli.convert import main
 
     root = tmp_path_factory.mktemp("moe_generate") / "switch_ckpt"
     assert main(["--from-hf", str(switch), "--to", str(root)]) == 0
@@ -73,7 +73,7 @@ def switch_checkpoint(switch, tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def gpt_checkpoint(tiny_prefix, cache_dir, tmp_path_factory) -> Path:
     """A MoE GPT trained 2 steps by ``train --num-experts 4`` (top-1, so every expert sees few tokens)."""
-    from trainer.cli import main
+    from trainer.cli.train import main
 
     root = tmp_path_factory.mktemp("moe_generate") / "gpt_ckpt"
     config = tiny_config(tiny_prefix, cache_dir, num_layers=2, train_iters=2, save=str(root))
@@ -130,7 +130,7 @@ def four_rank_results(switch, switch_checkpoint, gpt_checkpoint, tmp_path_factor
 
 
 def test_generate_command_at_ep_2_matches_transformers_token_for_token(switch, switch_expected, capsys):
-    from trainer.generate_cli import main
+    from trainer.cli.generate import main
 
     prompt_flags = [flag for prompt in PROMPTS for flag in ("--prompt-ids", " ".join(map(str, prompt)))]
     assert main(["--load", str(switch), "--greedy", "--json", "--max-new-tokens", str(NEW_TOKENS), "--device", "cpu",
@@ -187,7 +187,7 @@ def test_layouts_the_experts_or_the_world_do_not_divide_into_are_refused(switch,
 
 
 def test_bad_expert_layouts_fail_in_one_line_before_any_process_starts(switch, tmp_path, capsys):
-    from trainer.generate_cli import main
+    from trainer.cli.generate import main
 
     common = ["--prompt-ids", "1 2", "--device", "cpu", "--nproc-per-node", "2", "--master-port", str(free_port())]
     dense = _dense_t5(tmp_path / "t5")

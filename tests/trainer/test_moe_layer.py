@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from trainer.auxiliary import pop_metrics, reduce_metrics
+from trainer.optim.auxiliary_losses import pop_metrics, reduce_metrics
 from trainer.moe.dispatch import capacity_keep_mask, expert_capacity
 from trainer.moe.experts import (
     BATCHED,

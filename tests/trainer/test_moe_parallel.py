@@ -8,7 +8,7 @@ from trainer_testing import run_in_processes, tiny_config
 
 from trainer.config import MoEConfig
 from trainer.errors import TrainConfigError
-from trainer.parallel_dims import resolve_parallel_dims
+from trainer.parallel.dims import resolve_parallel_dims
 
 # The bar for dropless expert parallelism: the loss curve within 1e-4 of one process's.
 EP_LOSS_ATOL = 1e-4

@@ -18,7 +18,7 @@ from hf_testing import seed_weights
 from test_t5_hf import EOS, PAD, VOCAB, batch  # the T5 oracle tests' inputs: 3 x 11 encoder ids (one padded), 3 x 6 decoder
 
 from trainer.errors import HFConversionError
-from trainer.hf_files import read_hf_config, write_json
+from trainer.checkpoint.hf_files import read_hf_config, write_json
 from trainer.models.t5.generate import greedy_generate
 from trainer.models.t5.hf import load_hf_t5, save_hf_t5
 from trainer.moe.layer import DROPPED_FRACTION, MoELayer
@@ -110,7 +110,7 @@ def test_greedy_generation_matches_hf_token_for_token(tmp_path, use_cache):
 
 
 def test_generate_command_on_a_switch_directory_matches_hf_greedy(tmp_path, capsys):
-    from trainer.generate_cli import main
+    from trainer.cli.generate import main
 
     directory = make_switch(tmp_path / "switch", EVERY, SMALL_CAPACITY)
     prompts = [[5, 17, 42, 99, 3, 64, 12], [120, 7, 64], [8, 150, 33, 21, 77, 190, 2, 9, 11]]
@@ -127,7 +127,7 @@ def test_generate_command_on_a_switch_directory_matches_hf_greedy(tmp_path, caps
 
 
 def test_convert_checkpoint_round_trips_switch_exactly(tmp_path):
-    from trainer.convert_cli import main
+    from trainer.cli.convert import main
     from trainer.models.t5.convert import read_t5_model_config
 
     directory = make_switch(tmp_path / "switch", EVERY_OTHER, SMALL_CAPACITY)
@@ -147,8 +147,8 @@ def test_convert_checkpoint_round_trips_switch_exactly(tmp_path):
 
 
 def test_load_hf_takes_the_experts_as_defaults_and_refuses_other_experts(tmp_path):
-    from trainer.cli import _parser_for
-    from trainer.cli_args import config_from_args
+    from trainer.cli.train import _parser_for
+    from trainer.cli.train_args import config_from_args
     from trainer.errors import CheckpointError
     from trainer.models.t5.convert import load_hf_t5_weights
     from trainer.models.t5.model import T5

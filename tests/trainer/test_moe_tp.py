@@ -19,7 +19,7 @@ from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.gpt.parallelize import apply_tp
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
-from trainer.parallel_dims import resolve_parallel_dims
+from trainer.parallel.dims import resolve_parallel_dims
 
 # The bar for dropless MoE in any layout: the loss curve within 1e-4 of one process's.
 LOSS_ATOL = 1e-4

@@ -9,8 +9,8 @@ import pytest
 import torch
 from trainer_testing import argv_for, t5_config, tiny_config
 
-from trainer.cli import main
-from trainer.cli_args import build_parser, config_from_args
+from trainer.cli.train import main
+from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import MoEConfig
 from trainer.moe.experts import cpu_grouped_mm_available, log_backend
 from trainer.train import train

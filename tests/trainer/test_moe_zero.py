@@ -20,12 +20,12 @@ from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.tensor import Shard
 from trainer_testing import run_in_processes, t5_config, tiny_config
 
-from trainer.checkpoint import checkpoint_dir
-from trainer.cli_args import build_parser, config_from_args
+from trainer.checkpoint.store import checkpoint_dir
+from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import MoEConfig, PrecisionConfig
-from trainer.metrics_records import read_run
+from trainer.metrics.records import read_run
 from trainer.moe.parallel import expert_shard_placement
-from trainer.parallel_dims import resolve_parallel_dims
+from trainer.parallel.dims import resolve_parallel_dims
 
 # fp32: the stages sum the same gradients in another order (reduce-scatter or all-reduce, over expert_dp or
 # dp), so the losses differ by float rounding only; a wrong divide factor or a missed reduction of the expert

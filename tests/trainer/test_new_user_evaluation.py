@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 import trainer.train
-from trainer.cli import main as train
+from trainer.cli.train import main as train
 
 ARGV = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
         "--vocab-size", "256", "--make-vocab-size-divisible-by", "8", "--micro-batch-size", "2",
@@ -35,7 +35,7 @@ def test_long_evaluation_passes_log_progress(tiny_prefix, cache_dir, monkeypatch
 def _run(train: list[dict], evaluations: list[dict]):
     from pathlib import Path
 
-    from trainer.metrics_records import MetricsRun
+    from trainer.metrics.records import MetricsRun
 
     return MetricsRun(name="run", path=Path("metrics.jsonl"), train=train, evaluations=evaluations)
 
@@ -47,7 +47,7 @@ def _run(train: list[dict], evaluations: list[dict]):
 ])
 def test_plot_metrics_draws_the_loss_scale_only_when_it_says_something(scales, skipped, drawn):
     """Point 11: plot-metrics leaves out a panel whose data says nothing, and labels test apart from validation."""
-    from trainer.plot_metrics import panels_for
+    from trainer.metrics.plot import panels_for
 
     train = [{"iteration": i + 1, "loss": 5.0 - i, "loss_scale": scale, "skipped_iterations": skip}
              for i, (scale, skip) in enumerate(zip(scales, skipped))]

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from trainer.checkpoint_lengths import SEQUENCE_LENGTHS_FILE
-from trainer.cli import main as train
+from trainer.checkpoint.lengths import SEQUENCE_LENGTHS_FILE
+from trainer.cli.train import main as train
 
 SHAPE = ["--num-layers", "1", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "16",
          "--max-position-embeddings", "32", "--vocab-size", "256", "--make-vocab-size-divisible-by", "8"]
@@ -68,7 +68,7 @@ def test_multi_process_run_leaves_nothing_in_the_temp_dir(tiny_prefix, cache_dir
     temp = tmp_path / "tmp"
     temp.mkdir()
     env = {**os.environ, "TMPDIR": str(temp)}
-    result = subprocess.run([sys.executable, "-m", "trainer.cli", *_base(tiny_prefix, cache_dir), *SHAPE,
+    result = subprocess.run([sys.executable, "-m", "trainer.cli.train", *_base(tiny_prefix, cache_dir), *SHAPE,
                              "--train-iters", "1", "--nproc-per-node", "2", "--global-batch-size", "4"],
                             capture_output=True, text=True, env=env, timeout=RUN_TIMEOUT_S)
     assert result.returncode == 0, result.stderr[-2000:]

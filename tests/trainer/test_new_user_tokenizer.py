@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
-from trainer.tokenizer_record import recorded_tokenizer
-from trainer.cli import main as train
-from trainer.convert_cli import main as convert_checkpoint
-from trainer.evaluate_cli import main as evaluate
-from trainer.generate_cli import main as generate
+from trainer.checkpoint.tokenizer_record import recorded_tokenizer
+from trainer.cli.train import main as train
+from trainer.cli.convert import main as convert_checkpoint
+from trainer.cli.evaluate import main as evaluate
+from trainer.cli.generate import main as generate
 
 DATA_TEST = Path(__file__).resolve().parents[2] / "data_test"
 TOKENIZERS = DATA_TEST / "tokenizers"

@@ -14,9 +14,9 @@ from samplers.prebuild import BuildIndicesConfig
 from samplers.run_length import RunLength
 from samplers.t5.blend import T5BlendedDataset
 from samplers.t5.dataset import T5Dataset
-from trainer.cli import main
+from trainer.cli.train import main
 from trainer.config import DataConfig
-from trainer.data import Vocabulary, check_data_files
+from trainer.data.batches import Vocabulary, check_data_files
 from trainer.errors import TrainConfigError
 from trainer.models.gpt.data import build_datasets
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids

@@ -18,12 +18,12 @@ import xml.etree.ElementTree as ElementTree
 import pytest
 from trainer_testing import argv_for, tiny_config
 
-from trainer.cli import main as train_main
-from trainer.inspect_cli import main as inspect_main
-from trainer.inspect_plot import split_layouts
-from trainer.metrics_records import MetricsRun, consumed_tokens, read_run
-from trainer.plot_cli import main as plot_main
-from trainer.plot_metrics import panels_for
+from trainer.cli.train import main as train_main
+from trainer.cli.inspect import main as inspect_main
+from trainer.metrics.inspect_plot import split_layouts
+from trainer.metrics.records import MetricsRun, consumed_tokens, read_run
+from trainer.cli.plot import main as plot_main
+from trainer.metrics.plot import panels_for
 
 pytest.importorskip("matplotlib", reason="pictures need matplotlib (the test extra installs it)")
 

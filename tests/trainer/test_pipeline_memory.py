@@ -24,8 +24,8 @@ from trainer.models.gpt.spec import PLAN as GPT_PLAN
 from trainer.models.t5.data import T5MicroBatch
 from trainer.models.t5.model import T5Shape
 from trainer.models.t5.spec import PLAN as T5_PLAN
-from trainer.parallel_dims import ParallelDims
-from trainer.runner import ParallelModel
+from trainer.parallel.dims import ParallelDims
+from trainer.parallel.runner import ParallelModel
 
 FEW, MANY = 2, 8
 MICRO_BATCH = 2

@@ -24,10 +24,10 @@ from pathlib import Path
 import pytest
 from save_testing import error_lines, run_argv, tree_digest
 
-from trainer.checkpoint import LATEST_FILE, checkpoint_dir
-from trainer.checkpoint_manifest import MANIFEST_FILE
-from trainer.cli import main as train_main
-from trainer.convert_cli import main as convert_main
+from trainer.checkpoint.store import LATEST_FILE, checkpoint_dir
+from trainer.checkpoint.manifest import MANIFEST_FILE
+from trainer.cli.train import main as train_main
+from trainer.cli.convert import main as convert_main
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
@@ -131,7 +131,7 @@ def test_a_full_disk_during_an_export_leaves_no_partial_directory(disk, saved_ru
 SIGNAL_DURING_SAVE = """
 import os, signal, sys
 import torch.distributed.checkpoint.filesystem as filesystem
-from trainer.cli import main
+from trainer.cli.train import main
 
 original = filesystem._write_item
 def write_item(transforms, stream, *args, **kwargs):

@@ -25,10 +25,10 @@ from pathlib import Path
 import pytest
 from save_testing import error_lines, run_argv, tree_digest
 
-from trainer.checkpoint import LATEST_FILE, checkpoint_dir
-from trainer.checkpoint_manifest import MANIFEST_FILE
-from trainer.cli import main as train_main
-from trainer.save_directory import LOCK_FILE
+from trainer.checkpoint.store import LATEST_FILE, checkpoint_dir
+from trainer.checkpoint.manifest import MANIFEST_FILE
+from trainer.cli.train import main as train_main
+from trainer.checkpoint.save_directory import LOCK_FILE
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
@@ -142,7 +142,7 @@ def test_finetune_save_into_another_finetuning_run_is_refused(data_test, tmp_pat
 
 HOLD_LOCK = """
 import sys, time
-from trainer.save_directory import claim_save_directory
+from trainer.checkpoint.save_directory import claim_save_directory
 with claim_save_directory(sys.argv[1], is_holder=True):
     print("locked", flush=True)
     time.sleep(600)
@@ -173,7 +173,7 @@ def test_two_processes_of_one_run_share_the_lock_and_a_second_run_is_refused(sav
     """Rank 0 alone takes the lock (the two processes of one run do not lock each other out); a second run of
     two processes is refused by every rank, shown once."""
     root = _copy(saved_run, tmp_path)
-    argv = [sys.executable, "-m", "trainer.cli",
+    argv = [sys.executable, "-m", "trainer.cli.train",
             *run_argv(tiny_prefix, cache_dir, train_iters=5, save=str(root), load=str(root)),
             "--nproc-per-node", "2", "--master-port", "0"]
     first = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)

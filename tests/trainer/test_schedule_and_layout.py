@@ -9,8 +9,8 @@ from trainer.config import OptimizerConfig, PrecisionConfig, TrainingConfig
 from trainer.errors import TrainConfigError
 from trainer.models.gpt.training import flops_per_token
 from trainer.models.gpt.model import GPTShape
-from trainer.optim import LossScaler
-from trainer.parallel_dims import pad_vocab_size, resolve_parallel_dims
+from trainer.optim.optimizer import LossScaler
+from trainer.parallel.dims import pad_vocab_size, resolve_parallel_dims
 
 
 def lr_after(style, steps, **kwargs):

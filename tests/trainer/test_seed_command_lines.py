@@ -10,8 +10,8 @@ import json
 import pytest
 from process_testing import free_port
 
-from trainer.cli import main
-from trainer.cli_args import build_parser, config_from_args, environment_defaults
+from trainer.cli.train import main
+from trainer.cli.train_args import build_parser, config_from_args, environment_defaults
 from trainer.config import DEFAULT_DIST_TIMEOUT_S
 
 GPT2_VOCAB_ARGS = ["--vocab-size", "256", "--make-vocab-size-divisible-by", "64", "--device", "cpu"]
@@ -177,7 +177,7 @@ def test_a_node_left_alone_says_whom_it_waits_for_and_gives_up(tiny_prefix, node
     port = free_port()
     argv = ["--dataset", tiny_prefix, "--vocab-size", "256", "--device", "cpu", "--num-nodes", "2",
             "--master-port", str(port), "--dist-timeout", "1"]
-    with caplog.at_level("INFO", logger="trainer.distributed"):
+    with caplog.at_level("INFO", logger="trainer.parallel.distributed"):
         assert main(argv) == 1
     awaited = "waiting for 1 more node" if node_rank == "0" else "waiting for node 0"
     assert f"{awaited} at 127.0.0.1:{port} (giving up after 1 s)" in caplog.text

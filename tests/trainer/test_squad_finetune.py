@@ -16,7 +16,7 @@ from hf_testing import LOGIT_TOLERANCE
 from squad_testing import CHINESE, ENGLISH, filler_words, write_synthetic_squad
 
 from trainer.config import OptimizerConfig
-from trainer.convert_cli import main as convert_main
+from trainer.cli.convert import main as convert_main
 from trainer.squad.finetune_cli import main as finetune_main
 from trainer.squad.predict_cli import main as predict_main
 from trainer.squad.examples import parse_predict_inputs, read_squad_file

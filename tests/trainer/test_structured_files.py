@@ -24,12 +24,12 @@ from hf_testing import make_tiny_hf
 from trainer_testing import argv_for, tiny_config
 
 from indexed_dataset.structured_files import CONFIG_FILE_LIMIT_BYTES, DATA_FILE_LIMIT_BYTES, read_json_file
-from trainer.checkpoint import MODEL_CONFIG_FILE
-from trainer.cli import main as train_main
-from trainer.convert_cli import main as convert_main
-from trainer.evaluate_cli import main as evaluate_main
-from trainer.generate_cli import main as generate_main
-from trainer.plot_cli import main as plot_main
+from trainer.checkpoint.store import MODEL_CONFIG_FILE
+from trainer.cli.train import main as train_main
+from trainer.cli.convert import main as convert_main
+from trainer.cli.evaluate import main as evaluate_main
+from trainer.cli.generate import main as generate_main
+from trainer.cli.plot import main as plot_main
 from trainer.squad.finetune_cli import main as finetune_main
 
 # Seconds a command may take to refuse a file (a FIFO read would wait forever; /dev/zero read forever).

@@ -7,7 +7,7 @@ import shutil
 from trainer_testing import argv_for, t5_config
 
 from samplers.t5.blend import T5BlendedDataset
-from trainer.cli import main
+from trainer.cli.train import main
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids
 
 STEPS = 2

@@ -29,9 +29,9 @@ from safetensors.torch import save_file
 
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from trainer.errors import TrainConfigError
-from trainer.generate import GenerateConfig, check_generation, generate
+from trainer.generation.generate import GenerateConfig, check_generation, generate
 from trainer.generation.sampling import SamplingConfig
-from trainer.hf_files import read_hf_config, tokenizer_config_for_directory, write_json
+from trainer.checkpoint.hf_files import read_hf_config, tokenizer_config_for_directory, write_json
 from trainer.models.t5.model import T5Shape
 from trainer.models.t5.sharded import sharded_t5_layout
 

@@ -13,7 +13,7 @@ import torch
 from hf_testing import DATA_TEST, seed_weights
 
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
-from trainer.generate_cli import main as generate_main
+from trainer.cli.generate import main as generate_main
 from trainer.models.t5.config import t5_text_tokenizer_for
 
 SPIECE_VOCAB, MODEL_VOCAB = 300, 400

@@ -16,7 +16,7 @@ from safetensors.torch import save_file
 
 from hf_testing import seed_weights
 
-from trainer.hf_files import read_hf_config, write_json
+from trainer.checkpoint.hf_files import read_hf_config, write_json
 from trainer.errors import HFConversionError
 from trainer.models.t5.hf import load_hf_t5, save_hf_t5
 from trainer.models.t5.generate import greedy_generate
@@ -162,7 +162,7 @@ def test_pytorch_model_bin_loads_like_safetensors(tmp_path):
 def test_generate_command_on_a_t5_directory_matches_hf_greedy(tmp_path, variant, capsys):
     import json
 
-    from trainer.generate_cli import main
+    from trainer.cli.generate import main
 
     directory = make_hf(tmp_path / variant, variant)
     encoder, mask, _ = batch()
@@ -191,7 +191,7 @@ def test_generate_command_runs_a_t5_directory_on_several_processes(tmp_path, cap
 
     from process_testing import free_port
 
-    from trainer.generate_cli import main
+    from trainer.cli.generate import main
 
     directory = make_hf(tmp_path / "t5", "t5")
     prompt = [5, 6, 7, 8]
@@ -214,7 +214,7 @@ def test_generate_command_runs_a_t5_directory_on_several_processes(tmp_path, cap
 
 @pytest.mark.parametrize("variant", ["t5", "mt5"])
 def test_convert_checkpoint_round_trips_t5_directories(tmp_path, variant):
-    from trainer.convert_cli import main
+    from trainer.cli.convert import main
     from trainer.models.t5.convert import read_t5_model_config
 
     directory = make_hf(tmp_path / variant, variant)

@@ -19,10 +19,10 @@ from safetensors.torch import load_file, save_file
 from hf_testing import seed_weights
 from trainer_testing import argv_for, t5_config
 
-from trainer.checkpoint import resolve_checkpoint
-from trainer.cli import main as train_main
+from trainer.checkpoint.store import resolve_checkpoint
+from trainer.cli.train import main as train_main
 from trainer.config import ParallelismConfig
-from trainer.convert_cli import main as convert_main
+from trainer.cli.convert import main as convert_main
 from trainer.models.t5.config import resolve_t5_special_ids
 from trainer.models.t5.convert import load_t5_checkpoint, read_t5_model_config, t5_train_defaults
 from trainer.models.t5.hf import load_hf_t5

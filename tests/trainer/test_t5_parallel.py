@@ -18,14 +18,14 @@ from process_testing import run_jobs
 from indexed_dataset import IndexedDatasetWriter
 from samplers.t5.dataset import T5DatasetConfig, build_t5_datasets
 from trainer.config import OptimizerConfig, ParallelismConfig
-from trainer.grads import reduce_loss
-from trainer.optim import build_optimizer
-from trainer.parallel_dims import ParallelDims
+from trainer.optim.grads import reduce_loss
+from trainer.optim.optimizer import build_optimizer
+from trainer.parallel.dims import ParallelDims
 from trainer.models.t5.data import collate_t5
 from trainer.models.t5.model import T5Shape
 from trainer.models.t5.pipeline import t5_stage_layers
 from trainer.models.t5.spec import PLAN as T5_PLAN
-from trainer.runner import ParallelModel
+from trainer.parallel.runner import ParallelModel
 
 STEPS = 10
 LOSS_TOLERANCE = 1e-4

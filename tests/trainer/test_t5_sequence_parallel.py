@@ -18,9 +18,9 @@ from process_testing import run_jobs
 from test_t5_parallel import LOSS_TOLERANCE, MT5, STEPS, V1_0, make_batches, run_parallel_t5
 from trainer_testing import t5_config
 
-from trainer.data import SAMPLE_ID_KEY
+from trainer.data.batches import SAMPLE_ID_KEY
 from trainer.errors import TrainConfigError
-from trainer.parallel_dims import resolve_parallel_dims
+from trainer.parallel.dims import resolve_parallel_dims
 
 DROPOUT = 0.1
 V1_0_DROPOUT = V1_0 | dict(dropout_rate=DROPOUT)

@@ -11,8 +11,8 @@ from trainer_testing import tiny_config
 
 from trainer.config import LoggingConfig
 from trainer.errors import TrainConfigError
-from trainer.metrics import PHASE_KEY_SUFFIX, TIMING_PHASES, StepTimer
-from trainer.metrics_records import read_run
+from trainer.metrics.writers import PHASE_KEY_SUFFIX, TIMING_PHASES, StepTimer
+from trainer.metrics.records import read_run
 from trainer.train import train
 
 STEPS = 4
@@ -27,7 +27,7 @@ def timed_run(tiny_prefix, cache_dir, tmp_path, level: int, caplog):
                          metrics_file=str(tmp_path / "metrics.jsonl"))
     config = dataclasses.replace(config, logging=dataclasses.replace(config.logging, log_interval=LOG_INTERVAL,
                                                                      timing_log_level=level))
-    with caplog.at_level(logging.INFO, logger="trainer.metrics"):
+    with caplog.at_level(logging.INFO, logger="trainer.metrics.writers"):
         train(config)
     lines = [record.getMessage() for record in caplog.records if "iteration" in record.getMessage()
              and "lm loss:" in record.getMessage()]

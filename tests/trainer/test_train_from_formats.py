@@ -12,7 +12,7 @@ from trainer_testing import TINY_VOCAB, tiny_config
 from indexed_dataset import convert
 from samplers.sources import TokenSource
 from trainer.config import DataConfig
-from trainer.data import Vocabulary, check_data_files, step_iterator
+from trainer.data.batches import Vocabulary, check_data_files, step_iterator
 from trainer.models.gpt.data import build_datasets, collate
 from trainer.errors import TrainConfigError
 from trainer.train import train

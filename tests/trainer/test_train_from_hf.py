@@ -16,12 +16,12 @@ import torch.nn.functional as F
 from hf_testing import DATA_TEST, hf_model, make_tiny_hf
 from trainer_testing import run_in_processes, tiny_config
 
-from trainer.cli import main as train_main
-from trainer.convert_cli import main as convert_main
-from trainer.data import IGNORE_INDEX, Vocabulary, step_iterator
+from trainer.cli.train import main as train_main
+from trainer.cli.convert import main as convert_main
+from trainer.data.batches import IGNORE_INDEX, Vocabulary, step_iterator
 from trainer.models.gpt.data import build_datasets, collate
 from trainer.models.gpt.convert import checkpoint_model, hf_train_defaults, read_checkpoint_state
-from trainer.hf_files import read_hf_weights
+from trainer.checkpoint.hf_files import read_hf_weights
 from trainer.train import train
 
 STEPS = 2

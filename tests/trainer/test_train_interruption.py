@@ -27,7 +27,7 @@ LONG_RUN_ITERS = 100_000
 def _signalled_run(argv: list[str], signal_number: int, whole_group: bool) -> tuple[int, list[str]]:
     """Start ``train argv``, send ``signal_number`` once it logs an iteration (to every process of its group,
     as a terminal's Ctrl-C does, with ``whole_group``); (exit code, stderr lines)."""
-    process = subprocess.Popen([sys.executable, "-m", "trainer.cli", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
+    process = subprocess.Popen([sys.executable, "-m", "trainer.cli.train", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     started = threading.Event()

@@ -12,7 +12,7 @@ import pytest
 import torch
 from trainer_testing import T5_STEPS, argv_for, result_record, run_in_processes, t5_config
 
-from trainer.cli import main
+from trainer.cli.train import main
 from trainer.config import ParallelismConfig, PrecisionConfig
 from trainer.errors import TrainConfigError
 from trainer.train import train
@@ -50,8 +50,8 @@ def test_cli_trains_t5_and_resumes_exactly(sentence_prefix, data_test, t5_refere
 def test_trained_t5_exports_to_transformers_without_flags(sentence_prefix, data_test, t5_reference, tmp_path):
     from transformers import T5ForConditionalGeneration
 
-    from trainer.checkpoint import load_checkpoint
-    from trainer.convert_cli import main as convert_main
+    from trainer.checkpoint.store import load_checkpoint
+    from trainer.cli.convert import main as convert_main
     from trainer.models.t5.convert import read_t5_model_config
 
     train(t5_config(sentence_prefix, data_test, t5_reference["cache"], train_iters=2, save=str(tmp_path / "run")))
@@ -72,8 +72,8 @@ def test_generate_runs_straight_from_a_t5_training_checkpoint(sentence_prefix, d
     tokenizer flags."""
     import json
 
-    from trainer.convert_cli import main as convert_main
-    from trainer.generate_cli import main as generate_main
+    from trainer.cli.convert import main as convert_main
+    from trainer.cli.generate import main as generate_main
 
     train(t5_config(sentence_prefix, data_test, t5_reference["cache"], train_iters=2, save=str(tmp_path / "run")))
     assert convert_main(["--from", str(tmp_path / "run"), "--to-hf", str(tmp_path / "hf")]) == 0
@@ -107,7 +107,7 @@ def test_parallel_layouts_follow_the_single_process_run(sentence_prefix, data_te
 
 
 def test_t5_layout_rules_name_the_decoder_layers(sentence_prefix, data_test, t5_reference):
-    from trainer.parallel_dims import resolve_parallel_dims
+    from trainer.parallel.dims import resolve_parallel_dims
 
     config = t5_config(sentence_prefix, data_test, t5_reference["cache"], pipeline_model_parallel_size=3)
     with pytest.raises(TrainConfigError, match=r"num_layers \+ decoder_num_layers \(2 \+ 2\) is not divisible by "

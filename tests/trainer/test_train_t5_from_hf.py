@@ -16,9 +16,9 @@ import torch
 from hf_testing import seed_weights
 from trainer_testing import LOSS_RTOL, argv_for, run_in_processes, t5_config
 
-from trainer.cli import main as train_main
+from trainer.cli.train import main as train_main
 from trainer.config import ParallelismConfig
-from trainer.convert_cli import main as convert_main
+from trainer.cli.convert import main as convert_main
 from trainer.models.t5.config import resolve_t5_special_ids
 from trainer.models.t5.convert import read_t5_model_config, t5_train_defaults
 from trainer.train import train

@@ -27,7 +27,7 @@ import pytest
 from cli_testing import refused as refused_command
 from trainer_testing import argv_for, tiny_config
 
-from trainer.cli import main
+from trainer.cli.train import main
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -138,8 +138,8 @@ def test_a_yaml_that_sets_one_flag_twice_with_different_values_is_one_line(tiny_
 
 
 def test_a_yaml_that_sets_one_flag_twice_with_the_same_value_is_accepted(tmp_path):
-    from trainer.cli_args import build_parser, config_from_args
-    from trainer.config_file import argv_with_config_file
+    from trainer.cli.train_args import build_parser, config_from_args
+    from trainer.cli.config_file import argv_with_config_file
     path = write(tmp_path, "run.yaml", "num-layers: 2\nnum_layers: 2\ndataset: p\n")
     parser = build_parser()
     assert config_from_args(parser.parse_args(argv_with_config_file(["--config", path], parser))).model.num_layers == 2
@@ -218,8 +218,8 @@ def test_pipeline_size_0_means_1_with_one_warning(tiny_argv, caplog, capsys):
 
 
 def test_a_deepspeed_batch_that_agrees_is_accepted(tmp_path):
-    from trainer.cli_args import build_parser, config_from_args
-    from trainer.config_file import argv_with_config_file
+    from trainer.cli.train_args import build_parser, config_from_args
+    from trainer.cli.config_file import argv_with_config_file
     path = write(tmp_path, "ds.json", json.dumps({"train_batch_size": 8, "train_micro_batch_size_per_gpu": 2}))
     parser = build_parser()
     config = config_from_args(parser.parse_args(argv_with_config_file(["--deepspeed-config", path, "--dataset", "p"],
@@ -235,7 +235,7 @@ def test_a_deepspeed_batch_that_agrees_is_accepted(tmp_path):
     (["--seed", str(2**32)], "--seed"),
 ])
 def test_generate_flags_that_are_not_usable_numbers_are_one_line(tmp_path, flags, named, capsys):
-    from trainer.generate_cli import main as generate
+    from trainer.cli.generate import main as generate
 
     try:
         code = generate(["--load", str(tmp_path / "absent"), "--prompt-ids", "1 2 3"] + flags)
@@ -247,9 +247,9 @@ def test_generate_flags_that_are_not_usable_numbers_are_one_line(tmp_path, flags
     assert len(lines) == 1 and lines[0].startswith("generate: error: ") and named in lines[0], lines
 
 
-COMMAND_PARSERS = ["preprocess.cli", "preprocess.merge_cli", "preprocess.convert_cli", "trainer.convert_cli",
-                   "trainer.evaluate_cli", "trainer.plot_cli", "trainer.generate_cli", "trainer.inspect_cli",
-                   "samplers.cli", "trainer.squad.finetune_cli", "trainer.squad.predict_cli", "trainer.cli_args"]
+COMMAND_PARSERS = ["preprocess.cli", "preprocess.merge_cli", "preprocess.convert_cli", "trainer.cli.convert",
+                   "trainer.cli.evaluate", "trainer.cli.plot", "trainer.cli.generate", "trainer.cli.inspect",
+                   "samplers.cli", "trainer.squad.finetune_cli", "trainer.squad.predict_cli", "trainer.cli.train_args"]
 
 
 @pytest.mark.parametrize("module", COMMAND_PARSERS)

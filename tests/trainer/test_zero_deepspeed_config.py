@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from trainer.cli import main
-from trainer.cli_args import build_parser, config_from_args
-from trainer.config_file import argv_with_config_file
+from trainer.cli.train import main
+from trainer.cli.train_args import build_parser, config_from_args
+from trainer.cli.config_file import argv_with_config_file
 
 
 def parse(argv):

@@ -9,8 +9,8 @@ from test_zero_stages import zero_config
 from torch.distributed.checkpoint import FileSystemReader
 from trainer_testing import run_in_processes
 
-from trainer.checkpoint import checkpoint_dir
-from trainer.metrics_records import read_run
+from trainer.checkpoint.store import checkpoint_dir
+from trainer.metrics.records import read_run
 
 FP32_BYTES = 4
 # AdamW's ``step`` of each parameter: a float32 scalar.

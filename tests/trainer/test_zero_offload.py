@@ -1,4 +1,4 @@
-"""``--cpu-offload`` at stage 1 (`trainer.zero.ShardedAdamW`): the offloaded step follows the step on the device;
+"""``--cpu-offload`` at stage 1 (`trainer.parallel.zero.ShardedAdamW`): the offloaded step follows the step on the device;
 when the parameters already live on the CPU it copies nothing (masters and gradients are views of the
 parameters'); from a CUDA device the host masters and gradient buffers are pinned, and a checkpoint loaded into
 the parameters reaches the host masters."""
@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from trainer.config import OptimizerConfig
-from trainer.zero import ShardedAdamW, build_zero_optimizer, refresh_masters
+from trainer.parallel.zero import ShardedAdamW, build_zero_optimizer, refresh_masters
 
 STEPS = 5
 # Offloaded (fused CPU AdamW) and device (foreach/fused) kernels round differently in the last bits only.

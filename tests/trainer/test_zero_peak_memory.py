@@ -1,4 +1,4 @@
-"""`trainer.memory_report.StepStateSampler`: the model-state bytes a rank holds at each point of a training
+"""`trainer.metrics.memory_report.StepStateSampler`: the model-state bytes a rank holds at each point of a training
 step (end of forward, end of backward, before and after the optimiser step) at ZeRO stages 2 and 3 over
 DP 2 equal the sizes computed here from the model's parameter shapes (built on the meta device), in fp32
 and under bf16 autocast (FSDP2 gathers bf16 weights, which autocast does not cast again); in one process, a plain loop is sampled at those four points only, and autocast's
@@ -25,7 +25,7 @@ from torch import nn
 from trainer_testing import TINY_VOCAB, tiny_config
 
 from trainer.config import PrecisionConfig
-from trainer.memory_report import (
+from trainer.metrics.memory_report import (
     AFTER_STEP,
     BACKWARD_END,
     BEFORE_STEP,

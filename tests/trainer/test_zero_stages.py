@@ -1,4 +1,4 @@
-"""ZeRO stages (`trainer.zero`): every stage, and the optimiser offloaded to the CPU, follows stage 0's loss
+"""ZeRO stages (`trainer.parallel.zero`): every stage, and the optimiser offloaded to the CPU, follows stage 0's loss
 curve within 1e-5 in fp32 over 10 steps (DP 2, DP 4, DP 2 x TP 2, DP 2 x PP 2 where allowed); a checkpoint
 saved at one stage resumes at another and at another data-parallel size; the flag rules fail with one line.
 """

@@ -14,7 +14,7 @@ import numpy as np
 
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter
 from process_testing import run_jobs
-from trainer.cli_args import option_name
+from trainer.cli.train_args import option_name
 from trainer.config import (
     CheckpointConfig,
     DataConfig,

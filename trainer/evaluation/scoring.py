@@ -28,11 +28,11 @@ from torch.distributed import ProcessGroup
 
 from indexed_dataset.errors import TokenmillError
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
-from trainer.distributed import init_distributed, resolve_device_type
+from trainer.parallel.distributed import init_distributed, resolve_device_type
 from trainer.errors import TrainConfigError
 from trainer.generation.layout import GenerationLayout
 from trainer.generation.replicas import map_over_replicas
-from trainer.hf_files import tokenizer_config_for_directory
+from trainer.checkpoint.hf_files import tokenizer_config_for_directory
 from trainer.models import FAMILIES, model_spec, spec_for_source
 
 logger = logging.getLogger(__name__)

@@ -22,7 +22,7 @@ from torch.distributed import ProcessGroup
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.errors import TrainConfigError
-from trainer.parallel_dims import ParallelDims
+from trainer.parallel.dims import ParallelDims
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,7 +70,7 @@ class GenerationLayout:
         return cls(tp=tp, pp=pp, dp=dp, ep=ep)
 
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """The trainer's mesh (`trainer.parallel_dims.ParallelDims.build_mesh`), or None in a single process."""
+        """The trainer's mesh (`trainer.parallel.dims.ParallelDims.build_mesh`), or None in a single process."""
         if self.tp * self.pp * self.dp == 1:
             return None
         # Generation has no micro-batches: one per replica.

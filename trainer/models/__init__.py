@@ -30,7 +30,7 @@ def model_spec(name: str):
 def spec_for_hf_directory(directory: str | os.PathLike):
     """The spec of the family that imports a Hugging Face directory (by its config.json's ``model_type``);
     GPT's, whose checks name what is wrong, when no family claims it."""
-    from trainer.hf_files import read_hf_config
+    from trainer.checkpoint.hf_files import read_hf_config
 
     model_type = read_hf_config(directory).get("model_type")
     for name in FAMILIES:
@@ -45,8 +45,8 @@ def spec_for_checkpoint(root: str | os.PathLike):
     root without one (checkpoints saved before model configs existed were all GPT)."""
     from pathlib import Path
 
-    from trainer.checkpoint import MODEL_CONFIG_FILE
-    from trainer.hf_files import read_json
+    from trainer.checkpoint.store import MODEL_CONFIG_FILE
+    from trainer.checkpoint.hf_files import read_json
 
     path = Path(root) / MODEL_CONFIG_FILE
     return model_spec(read_json(path).get("model", DEFAULT_FAMILY) if path.is_file() else DEFAULT_FAMILY)
@@ -55,8 +55,8 @@ def spec_for_checkpoint(root: str | os.PathLike):
 def spec_for_source(path: str | os.PathLike):
     """The spec of what ``generate --load PATH`` names: a HF directory, a checkpoint root or one of its
     ``iter_XXXXXXX`` directories."""
-    from trainer.checkpoint import resolve_checkpoint
-    from trainer.hf_files import is_hf_directory
+    from trainer.checkpoint.store import resolve_checkpoint
+    from trainer.checkpoint.hf_files import is_hf_directory
 
     if is_hf_directory(path):
         return spec_for_hf_directory(path)

@@ -19,12 +19,12 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.config import TrainConfig
-from trainer.data import MicroBatch, Vocabulary, token_cross_entropy
+from trainer.data.batches import MicroBatch, Vocabulary, token_cross_entropy
 
 if TYPE_CHECKING:  # annotations only: these modules ask the registry, which imports the specs
     from trainer.evaluation.scoring import ScoringSource
-    from trainer.generate import Completion, GenerateConfig
-    from trainer.hf_convert import ConvertCheckpointConfig
+    from trainer.generation.generate import Completion, GenerateConfig
+    from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 
 Shape = Any
 """A family's resolved model dimensions (`GPTShape`, `T5Shape`): vocabulary already padded."""
@@ -49,7 +49,7 @@ class TrainingParts:
 
 @dataclass(frozen=True, slots=True)
 class FamilyLayout:
-    """A family's own layout rules for a run (`trainer.parallel_dims.resolve_parallel_dims` adds the shared ones)."""
+    """A family's own layout rules for a run (`trainer.parallel.dims.resolve_parallel_dims` adds the shared ones)."""
 
     rules: list[tuple[bool, str]]
     """(holds, the one-line message when it does not) for each rule, checked in order."""
@@ -61,7 +61,7 @@ class FamilyLayout:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ParallelPlan:
-    """How `trainer.runner.ParallelModel` builds, splits, shards and feeds a family's model.
+    """How `trainer.parallel.runner.ParallelModel` builds, splits, shards and feeds a family's model.
 
     The module ``build`` returns (and every stage ``split_stage`` makes of it) keeps full-model parameter
     names, and has ``init_parameter(name, tensor)`` (the family's initialisation of one full-size
@@ -81,7 +81,7 @@ class ParallelPlan:
     does not divide or a mode the family lacks."""
     blocks: Callable[[nn.Module], list[nn.Module]]
     """A part's transformer blocks: compiled one by one under ``--compile``, one FSDP2 unit each
-    (`trainer.parallelize.apply_fsdp`)."""
+    (`trainer.parallel.parallelize.apply_fsdp`)."""
     tied_names: Callable[[Shape], tuple[str, str] | None]
     """(embedding name, name of the last pipeline stage's copy) of a tied input/output weight; None if untied."""
     model_inputs: Callable[[MicroBatch], tuple[torch.Tensor, ...]]
@@ -109,7 +109,7 @@ class ModelSpec:
     layout_rules: Callable[[TrainConfig, int], FamilyLayout]
     """(config, tensor-parallel size) -> the family's layout rules, checked before any collective."""
     parallel_plan: ParallelPlan
-    """How the generic `trainer.runner.ParallelModel` builds, parallelises and feeds the model."""
+    """How the generic `trainer.parallel.runner.ParallelModel` builds, parallelises and feeds the model."""
     checkpoint_model: Callable[[Shape], nn.Module]
     """The full model on the meta device, with the parameter names checkpoints hold."""
     vocab_rows: tuple[str, ...]

@@ -3,5 +3,5 @@ parallelism (tokens exchanged with ``all_to_all_single`` over the ``ep`` mesh di
 
 A family turns its feed-forward layers into `trainer.moe.layer.MoELayer` where its shape's
 `trainer.moe.settings.MoESettings` says (``is_moe_layer``); the runner shards the experts
-(`trainer.moe.parallel.apply_ep`) and the loop logs the auxiliary losses (`trainer.auxiliary`).
+(`trainer.moe.parallel.apply_ep`) and the loop logs the auxiliary losses (`trainer.optim.auxiliary_losses`).
 """

@@ -200,7 +200,7 @@ class GroupedExperts(nn.Module):
     """
 
     compile_parts_only = True
-    """`trainer.parallelize.apply_compile` leaves the forward eager: its grouped products take per-expert row
+    """`trainer.parallel.parallelize.apply_compile` leaves the forward eager: its grouped products take per-expert row
     counts (read on the host by the CPU paths) and its path is chosen per call."""
 
     def __init__(self, num_experts: int, hidden_size: int, ffn_hidden_size: int, activation: str,

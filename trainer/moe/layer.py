@@ -6,7 +6,7 @@
 
 Forward: router logits (float32) -> top-k -> (capacity dropping) -> tokens sorted by expert -> (under
 expert parallelism: all-to-all to the experts' ranks) -> grouped GEMM -> back -> gated sum per token.
-The load-balancing and z-losses join the backward pass through the output (`trainer.auxiliary`), and the
+The load-balancing and z-losses join the backward pass through the output (`trainer.optim.auxiliary_losses`), and the
 layer reports them with the dropped fraction and the expert loads (`auxiliary_metric_kinds`).
 """
 
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from trainer.auxiliary import MAX, MEAN, MIN, AuxiliaryMetric, attach_auxiliary_loss
+from trainer.optim.auxiliary_losses import MAX, MEAN, MIN, AuxiliaryMetric, attach_auxiliary_loss
 from trainer.moe.dispatch import (
     capacity_keep_mask,
     combine,
@@ -51,7 +51,7 @@ class MoELayer(nn.Module):
     ``experts.w2.weight`` [E, ffn, hidden] (and ``experts.w3.weight`` for a gated activation)."""
 
     compile_parts_only = True
-    """`trainer.parallelize.apply_compile` compiles the router, not this forward: the token dispatch has
+    """`trainer.parallel.parallelize.apply_compile` compiles the router, not this forward: the token dispatch has
     data-dependent sizes (tokens per expert, capacity drops, the all-to-all's splits)."""
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, activation: str, settings: MoESettings) -> None:

@@ -89,7 +89,7 @@ def expert_shard_placement(expert_dp: int) -> Callable[[nn.Parameter], Shard]:
 
 def apply_expert_fsdp(model: nn.Module, expert_dp_mesh: DeviceMesh, dp: int, options: dict[str, object]) -> None:
     """ZeRO stages 2-3 for the experts sharded by `apply_ep`: one FSDP2 unit per MoE layer's experts over
-    ``expert_dp_mesh``. Call it before `trainer.parallelize.apply_fsdp` shards the blocks over ``dp`` (FSDP2
+    ``expert_dp_mesh``. Call it before `trainer.parallel.parallelize.apply_fsdp` shards the blocks over ``dp`` (FSDP2
     leaves parameters a child unit manages to that unit).
 
     After backward a rank's expert gradient sums the tokens of its whole ep group (the all-to-all's backward
@@ -102,7 +102,7 @@ def apply_expert_fsdp(model: nn.Module, expert_dp_mesh: DeviceMesh, dp: int, opt
         expert_dp_mesh: the ``expert_dp`` dimension of the run's mesh.
         dp: the whole data-parallel size (expert_dp x ep).
         options: ``fully_shard``'s arguments for the run's stage, as the rest of the model
-            (`trainer.parallelize.fsdp_options`).
+            (`trainer.parallel.parallelize.fsdp_options`).
     """
     placement = expert_shard_placement(expert_dp_mesh.size())
     for experts in expert_units(model):

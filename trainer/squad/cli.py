@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 
 from indexed_dataset.cli_parser import int_at_least
-from trainer.checkpoint import resolve_checkpoint
-from trainer.hf_files import is_hf_directory
+from trainer.checkpoint.store import resolve_checkpoint
+from trainer.checkpoint.hf_files import is_hf_directory
 from trainer.models.bert.convert import hf_shape, read_model_config
 from trainer.squad.features import SPECIAL_POSITIONS, FeatureOptions
 

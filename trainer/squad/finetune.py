@@ -6,7 +6,7 @@
     answers = predict(PredictConfig(load="ckpt/squad"), parse_predict_inputs(["Berlin is ... - What is ...?"]))
 
 The model is `trainer.models.bert.model.Bert` with the span head (Hugging Face ``BertForQuestionAnswering``'s
-layout), trained through the generic `trainer.runner.ParallelModel` (BERT's plan with the span loss) in any
+layout), trained through the generic `trainer.parallel.runner.ParallelModel` (BERT's plan with the span loss) in any
 tensor x data-parallel layout (under torchrun); the encoder comes from a HF BERT directory (``load_hf``), a
 tokenmill BERT checkpoint (``load``: pre-trained or already fine-tuned) or, for tests, a fresh initialisation.
 Evaluation and prediction run in one process.
@@ -27,13 +27,13 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from preprocess.tokenizers import TokenizerConfig, TokenizerError, build_tokenizer
-from trainer.checkpoint import MODEL_PREFIX, copy_into_parameter, resolve_checkpoint, save_checkpoint
+from trainer.checkpoint.store import MODEL_PREFIX, copy_into_parameter, resolve_checkpoint, save_checkpoint
 from trainer.config import DEFAULT_DIVISIBLE_BY, OptimizerConfig, ParallelismConfig, TrainingConfig
-from trainer.data import Vocabulary
-from trainer.distributed import init_distributed, resolve_device_type
+from trainer.data.batches import Vocabulary
+from trainer.parallel.distributed import init_distributed, resolve_device_type
 from trainer.errors import TrainConfigError
-from trainer.grads import reduce_loss
-from trainer.hf_files import WORDPIECE_VOCAB, is_hf_directory, read_hf_config, write_json
+from trainer.optim.grads import reduce_loss
+from trainer.checkpoint.hf_files import WORDPIECE_VOCAB, is_hf_directory, read_hf_config, write_json
 from trainer.models.bert.convert import (
     bert_tokenizer_defaults,
     hf_bert_state,
@@ -45,10 +45,10 @@ from trainer.models.bert.data import BertMicroBatch, model_inputs
 from trainer.models.bert.hf import check_hf_config
 from trainer.models.bert.model import SPAN_HEAD, Bert, BertShape
 from trainer.models.bert.spec import SPAN_PLAN
-from trainer.optim import apply_schedule, build_optimizer
-from trainer.parallel_dims import ParallelDims, pad_vocab_size
-from trainer.runner import ParallelModel
-from trainer.save_directory import check_save_directory, claim_save_directory
+from trainer.optim.optimizer import apply_schedule, build_optimizer
+from trainer.parallel.dims import ParallelDims, pad_vocab_size
+from trainer.parallel.runner import ParallelModel
+from trainer.checkpoint.save_directory import check_save_directory, claim_save_directory
 from trainer.squad.decode import decode_answers
 from trainer.squad.examples import QAExample, read_squad_file
 from trainer.squad.features import FeatureOptions, QAFeature, build_features
@@ -86,7 +86,7 @@ class SquadConfig:
     save: str | None = None
     overwrite_save: bool = False
     """Fine-tune into ``save`` although it holds another run that this one does not continue (``load``): that
-    run's checkpoints and files are deleted first (`trainer.save_directory`); without it such a save is refused."""
+    run's checkpoints and files are deleted first (`trainer.checkpoint.save_directory`); without it such a save is refused."""
     output_dir: str | None = None
     """Where predictions.json, nbest_predictions.json and eval_results.json go (default: save)."""
     vocab_file: str | None = None

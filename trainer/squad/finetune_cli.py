@@ -16,7 +16,7 @@ import logging
 
 from indexed_dataset.cli_parser import CommandParser, finite_float, seed_value
 from indexed_dataset.cli_support import run_command
-from trainer.cli_flags import flags_in_message
+from trainer.cli.flags import flags_in_message
 from trainer.config import LR_DECAY_STYLES, OptimizerConfig
 from trainer.errors import CheckpointError
 from trainer.squad.cli import add_feature_arguments, feature_options, model_positions

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from trainer.checkpoint import (
+from trainer.checkpoint.store import (
     IMPORTED_ITERATION,
     LATEST_FILE,
     MODEL_CONFIG_FILE,
@@ -29,9 +29,9 @@ from trainer.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from trainer.data import Vocabulary
+from trainer.data.batches import Vocabulary
 from trainer.errors import CheckpointError
-from trainer.model_files import (
+from trainer.checkpoint.model_files import (
     SHAPE_PREFIX,
     Keys,
     check_file_object,
@@ -39,7 +39,7 @@ from trainer.model_files import (
     check_transformer_shape,
     check_vocabulary,
 )
-from trainer.hf_files import (
+from trainer.checkpoint.hf_files import (
     copy_tokenizer_files,
     read_hf_config,
     read_hf_weights,
@@ -59,7 +59,7 @@ from trainer.models.bert.hf import (
     state_to_hf,
 )
 from trainer.models.bert.model import Bert, BertShape
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)
 

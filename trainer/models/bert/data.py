@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from trainer.data import IGNORE_INDEX, check_token_ids
+from trainer.data.batches import IGNORE_INDEX, check_token_ids
 
 # The targets' last column holds the sentence-order label.
 BINARY_LABEL_COLUMNS = 1

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from trainer.errors import HFConversionError
-from trainer.model_files import check_model_sizes, check_token_id
-from trainer.model_memory import transformer_parameters
+from trainer.checkpoint.model_files import check_model_sizes, check_token_id
+from trainer.checkpoint.model_memory import transformer_parameters
 from trainer.models.bert.model import NUM_TOKEN_TYPES, PRETRAINING_HEAD, SPAN_HEAD, VOCAB_ROWS, BertShape
 
 HF_MODEL_TYPE = "bert"

@@ -4,7 +4,7 @@ Each stage is a deep copy of the full model with the layers outside its range de
 kept on the first stage only and the heads (pooler, binary, MLM or span head) on the last stage only;
 parameter names therefore stay those of the full model. Stages pass (hidden states, attention bias)
 on (`trainer.models.bert.model.Bert.forward`). The last stage's MLM decoder is a copy of the word
-embedding whose gradient is summed with the first stage's (`trainer.pipeline.tied_embedding_group`).
+embedding whose gradient is summed with the first stage's (`trainer.parallel.pipeline.tied_embedding_group`).
 """
 
 from __future__ import annotations

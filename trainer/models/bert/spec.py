@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from trainer.checkpoint import resolve_checkpoint
+from trainer.checkpoint.store import resolve_checkpoint
 from trainer.config import DEFAULT_DIVISIBLE_BY, T5Config
 from trainer.errors import TrainConfigError
-from trainer.hf_convert import ConvertCheckpointConfig
+from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.models.bert.convert import (
     BERT_MODEL,
     HF_MODEL_TYPE,

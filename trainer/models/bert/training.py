@@ -15,13 +15,13 @@ from preprocess.tokenizers.t5 import MEGATRON_BOS, MEGATRON_EOS
 from samplers.bert.dataset import BertDatasetConfig, build_bert_datasets
 from samplers.bert.masking import masking_options
 from trainer.config import TrainConfig
-from trainer.data import Vocabulary
+from trainer.data.batches import Vocabulary
 from trainer.errors import TrainConfigError
-from trainer.metrics import FORWARD_BACKWARD_FACTOR
+from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
 from trainer.models.bert.data import collate_bert
 from trainer.models.bert.model import BertShape
 from trainer.models.spec import FamilyLayout, TrainingParts
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 
 
 def wordpiece_pieces(config: TrainConfig) -> list[str]:

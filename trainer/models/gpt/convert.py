@@ -1,6 +1,6 @@
 """Hugging Face GPT-2 directories <-> tokenmill GPT checkpoints, and HF weights into a (parallel) GPT.
 
-A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint`) with the model only, at
+A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint.store`) with the model only, at
 iteration 0, so ``train --load`` starts from it in any tp/pp/dp layout. Beside it, in the checkpoint
 root, ``model_config.json`` records the shape, the real vocabulary size and the EOD id (what export
 and ``generate`` need and tensors cannot tell: the head count, the padding), and the HF tokenizer
@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from trainer.checkpoint import (
+from trainer.checkpoint.store import (
     IMPORTED_ITERATION,
     LATEST_FILE,
     MODEL_CONFIG_FILE,
@@ -38,7 +38,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.errors import CheckpointError
-from trainer.hf_files import (
+from trainer.checkpoint.hf_files import (
     copy_tokenizer_files,
     read_hf_config,
     read_hf_weights,
@@ -50,7 +50,7 @@ from trainer.hf_files import (
 from trainer.models.gpt.hf import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.config import DEFAULT_DIVISIBLE_BY
-from trainer.model_files import (
+from trainer.checkpoint.model_files import (
     SHAPE_PREFIX,
     Keys,
     check_file_object,
@@ -59,7 +59,7 @@ from trainer.model_files import (
     check_vocabulary,
 )
 from trainer.moe.settings import expert_layout, moe_config_fields, moe_settings_from_json
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ import torch
 
 from samplers import GPTDatasetConfig, build_gpt_datasets
 from trainer.config import DataConfig
-from trainer.data import IGNORE_INDEX, Vocabulary, check_data_files, check_token_ids, stack_sample_ids
+from trainer.data.batches import IGNORE_INDEX, Vocabulary, check_data_files, check_token_ids, stack_sample_ids
 from trainer.errors import TrainConfigError
 
 
@@ -22,7 +22,7 @@ class GPTMicroBatch:
     targets: torch.Tensor
     """Labels with IGNORE_INDEX where the loss mask is 0."""
     sample_ids: torch.Tensor | None = None
-    """int64 [micro_batch_size]: the samples' ids in the run's global order (`trainer.data.stack_sample_ids`)."""
+    """int64 [micro_batch_size]: the samples' ids in the run's global order (`trainer.data.batches.stack_sample_ids`)."""
 
     def to(self, device: torch.device) -> GPTMicroBatch:
         return GPTMicroBatch(*(t if t is None else t.to(device, non_blocking=True)

@@ -20,20 +20,20 @@ import torch
 import torch.distributed as dist
 
 from preprocess.tokenizers import Tokenizer
-from trainer.checkpoint import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
-from trainer.distributed import init_distributed, resolve_device_type
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
+from trainer.parallel.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
-from trainer.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer
+from trainer.generation.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer
 from trainer.generation.kv_cache import KVCache
 from trainer.generation.layout import GenerationLayout, finished_everywhere
 from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import SamplingConfig, next_tokens
-from trainer.hf_files import is_hf_directory, read_hf_config
+from trainer.checkpoint.hf_files import is_hf_directory, read_hf_config
 from trainer.models.gpt.convert import load_hf_weights, read_model_config
 from trainer.models.gpt.hf import check_hf_config, shape_from_hf_config
 from trainer.models.gpt.model import GPTShape
 from trainer.models.gpt.sharded import ShardedGPT, sharded_layout
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)
 

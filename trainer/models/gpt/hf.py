@@ -18,8 +18,8 @@ from typing import Any
 import torch
 
 from trainer.errors import HFConversionError
-from trainer.model_files import check_model_sizes, check_token_id
-from trainer.model_memory import transformer_parameters
+from trainer.checkpoint.model_files import check_model_sizes, check_token_id
+from trainer.checkpoint.model_memory import transformer_parameters
 from trainer.models.gpt.fused_qkv import fuse_state
 from trainer.models.gpt.model import GPTShape
 

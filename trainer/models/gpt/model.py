@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from trainer.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
+from trainer.parallel.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
 from trainer.models.gpt.fused_qkv import FUSED_WEIGHT, QKV, fuse_qkv
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
@@ -36,7 +36,7 @@ from trainer.moe.settings import MoESettings
 # The token embedding, and the output head tied to it (under pipelining the last stage's own copy).
 TIED_WEIGHT_NAME = "tok_embeddings.weight"
 TIED_COPY_NAME = "output.weight"
-# The dropout sites of a GPT: the ``site`` coordinate of `trainer.keyed_dropout`.
+# The dropout sites of a GPT: the ``site`` coordinate of `trainer.parallel.keyed_dropout`.
 EMBEDDING_SITE, ATTENTION_PROBS_SITE, ATTENTION_OUT_SITE, FFN_OUT_SITE = range(4)
 # Dims of [batch, heads, q, k] probabilities and [batch, seq, hidden] residuals that parallelism shards.
 HEADS_DIM = SEQUENCE_DIM = 1
@@ -198,7 +198,7 @@ class GPT(nn.Module):
         """Token ids [batch, seq] (or, after the first stage, hidden states [batch, seq, hidden]) ->
         logits [batch, seq, padded_vocab] (or hidden states when this stage has no output head).
 
-        ``dropout_keys`` (training with keyed dropout): int64 [batch] `trainer.keyed_dropout.sample_keys`.
+        ``dropout_keys`` (training with keyed dropout): int64 [batch] `trainer.parallel.keyed_dropout.sample_keys`.
 
         ``kv_cache`` (generation only, see `trainer.generation.kv_cache`): ``kv_cache.layer(name)`` is
         block ``name``'s cache; with it the head is applied to the last position only (logits

@@ -1,6 +1,6 @@
 """Tensor parallelism of a GPT (or a stage of it): the GPT's `trainer.models.spec.ParallelPlan.apply_tp`. The
 order the wrappers are applied in, and the family-agnostic ones (activation checkpointing, FSDP2 units per
-block, DDP, ``torch.compile``), are `trainer.runner`'s and `trainer.parallelize`'s.
+block, DDP, ``torch.compile``), are `trainer.parallel.runner`'s and `trainer.parallel.parallelize`'s.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import torch
 
-from trainer.data import Vocabulary
+from trainer.data.batches import Vocabulary
 from trainer.config import DEFAULT_DIVISIBLE_BY, BertConfig, T5Config
-from trainer.hf_convert import ConvertCheckpointConfig
+from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.models.gpt.convert import (
     CheckpointModel,
     export_hf_checkpoint,

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from trainer.config import TrainConfig
-from trainer.data import resolve_vocabulary
+from trainer.data.batches import resolve_vocabulary
 from trainer.models.gpt.data import build_datasets, collate
-from trainer.metrics import FORWARD_BACKWARD_FACTOR
+from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
 from trainer.models.gpt.model import GPTShape
 from trainer.models.spec import FamilyLayout, TrainingParts
 from trainer.moe.settings import moe_settings
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 
 
 def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:

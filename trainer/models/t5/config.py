@@ -26,9 +26,9 @@ from samplers.splits import DEFAULT_SPLIT
 from samplers.t5.blend import build_t5_blend, build_t5_blend_per_split
 from samplers.t5.dataset import T5DatasetConfig
 from trainer.config import DataConfig, ModelConfig, MoEConfig, T5Config
-from trainer.data import check_data_files
+from trainer.data.batches import check_data_files
 from trainer.errors import TrainConfigError
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 from trainer.models.t5.model import T5Shape
 from trainer.moe.settings import moe_settings
 

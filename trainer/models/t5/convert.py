@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.checkpoint import (
+from trainer.checkpoint.store import (
     IMPORTED_ITERATION,
     LATEST_FILE,
     MODEL_CONFIG_FILE,
@@ -29,7 +29,7 @@ from trainer.checkpoint import (
     save_checkpoint,
 )
 from trainer.errors import CheckpointError
-from trainer.model_files import (
+from trainer.checkpoint.model_files import (
     MOE_EXPERTS,
     SHAPE_PREFIX,
     Keys,
@@ -39,7 +39,7 @@ from trainer.model_files import (
     check_vocabulary,
     dataclass_keys,
 )
-from trainer.hf_files import (
+from trainer.checkpoint.hf_files import (
     copy_tokenizer_files,
     read_hf_config,
     read_json,
@@ -47,7 +47,7 @@ from trainer.hf_files import (
     write_json,
 )
 from trainer.models.t5.hf import check_t5_values, load_hf_t5, save_hf_t5
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 from trainer.models.t5.model import T5, T5Shape
 from trainer.models.t5.switch import SWITCH_MODEL_TYPE
 from trainer.moe.settings import expert_layout, moe_config_fields, moe_settings_from_json

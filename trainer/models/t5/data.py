@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.data import IGNORE_INDEX, check_token_ids, stack_sample_ids
+from trainer.data.batches import IGNORE_INDEX, check_token_ids, stack_sample_ids
 
 
 @dataclass(slots=True)
@@ -28,7 +28,7 @@ class T5MicroBatch:
     targets: torch.Tensor
     """Labels with IGNORE_INDEX where the loss mask is 0."""
     sample_ids: torch.Tensor | None = None
-    """int64 [batch]: the samples' ids in the run's global order (`trainer.data.stack_sample_ids`)."""
+    """int64 [batch]: the samples' ids in the run's global order (`trainer.data.batches.stack_sample_ids`)."""
 
     def to(self, device: torch.device) -> T5MicroBatch:
         return T5MicroBatch(*(t if t is None else t.to(device, non_blocking=True) for t in (

@@ -28,20 +28,20 @@ import torch
 import torch.distributed as dist
 
 from preprocess.tokenizers import Tokenizer
-from trainer.checkpoint import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
-from trainer.distributed import init_distributed, resolve_device_type
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
+from trainer.parallel.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
-from trainer.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer
+from trainer.generation.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer
 from trainer.generation.layout import GenerationLayout, finished_everywhere
 from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import next_tokens
-from trainer.hf_files import read_hf_config, tokenizer_config_for_directory
+from trainer.checkpoint.hf_files import read_hf_config, tokenizer_config_for_directory
 from trainer.models.t5.config import t5_text_tokenizer_for
 from trainer.models.t5.convert import load_hf_t5_weights, read_t5_model_config
 from trainer.models.t5.hf import is_hf_t5_directory, load_hf_t5
 from trainer.models.t5.model import T5, T5Shape
 from trainer.models.t5.sharded import ShardedT5, sharded_t5_layout
-from trainer.parallel_dims import pad_vocab_size
+from trainer.parallel.dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)
 

@@ -32,10 +32,10 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import FEED_FORWARD_KINDS
-from trainer.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
+from trainer.parallel.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
-from trainer.pipeline import settled
+from trainer.parallel.pipeline import settled
 
 
 
@@ -73,7 +73,7 @@ class T5Shape:
             raise ValueError(f"feed_forward must be one of {FEED_FORWARD_KINDS}, got {self.feed_forward!r}")
 
 
-# The dropout sites of a T5, the ``site`` coordinate of `trainer.keyed_dropout`: outside the blocks, then in one.
+# The dropout sites of a T5, the ``site`` coordinate of `trainer.parallel.keyed_dropout`: outside the blocks, then in one.
 (ENCODER_EMBEDDING_SITE, DECODER_EMBEDDING_SITE, ENCODER_OUTPUT_SITE, DECODER_OUTPUT_SITE,
  SELF_ATTENTION_PROBS_SITE, SELF_ATTENTION_OUT_SITE, CROSS_ATTENTION_PROBS_SITE, CROSS_ATTENTION_OUT_SITE,
  FFN_HIDDEN_SITE, FFN_OUT_SITE) = range(10)
@@ -422,7 +422,7 @@ class T5(nn.Module):
     def forward(self, *inputs: torch.Tensor,
                 dropout_keys: torch.Tensor | None = None) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """The whole model: (encoder_input_ids, decoder_input_ids[, encoder_attention_mask]) -> logits;
-        ``dropout_keys`` (training with keyed dropout): int64 [batch] `trainer.keyed_dropout.sample_keys`.
+        ``dropout_keys`` (training with keyed dropout): int64 [batch] `trainer.parallel.keyed_dropout.sample_keys`.
 
         Args:
             encoder_input_ids: int64 [batch, Le].

@@ -9,7 +9,7 @@ vocabulary with logits left sharded for ``loss_parallel``. The relative-position
 (``[buckets, heads]``) are column-parallel too, so each rank computes the bias of its own heads.
 Cross-attention keys and values are computed from the replicated encoder output. The RMSNorm
 weights stay plain replicated tensors (their gradients are identical on every tp rank), so the
-optimiser runs its for-loop kernel (`trainer.optim.select_adamw_kernel`), as the GPT trainer does under
+optimiser runs its for-loop kernel (`trainer.optim.optimizer.select_adamw_kernel`), as the GPT trainer does under
 tensor parallelism.
 With ``sequence_parallel`` (GPT's plan): the residual streams of both stacks, the norms and the dropout after them
 are sharded along the sequence (dim 1); each attention and MLP all-gathers its input and its output projection

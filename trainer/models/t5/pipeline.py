@@ -1,7 +1,7 @@
 """Pipeline parallelism for T5: the encoder and decoder layers split into stages, encoder output carried on.
 
     stage = split_t5_stage(model, stage_id=1, num_stages=2)
-    schedule = trainer.pipeline.build_schedule([stage], [1], 2, mesh["pp"], device, n_micro, "1f1b", loss_fn)
+    schedule = trainer.parallel.pipeline.build_schedule([stage], [1], 2, mesh["pp"], device, n_micro, "1f1b", loss_fn)
     schedule.step(encoder_ids, decoder_ids, encoder_mask, target=targets)   # first stage passes the inputs
 
 The encoder layers followed by the decoder layers form one list of Ne + Nd layers, cut into
@@ -12,8 +12,8 @@ and the decoder's position-bias table on the stage holding decoder layer 0; the 
 head on the last stage. What travels between stages is described in
 `trainer.models.t5.model.T5.pipeline_stage_forward`; the first stage embeds the decoder ids too, so the
 embedding is not duplicated for the decoder. A tied head (T5 v1.0) is a copy on the last stage whose
-gradient is summed with stage 0's (`trainer.pipeline.tied_embedding_group` and
-`trainer.grads.sync_tied_embedding_grad`, as for GPT).
+gradient is summed with stage 0's (`trainer.parallel.pipeline.tied_embedding_group` and
+`trainer.optim.grads.sync_tied_embedding_grad`, as for GPT).
 """
 
 from __future__ import annotations

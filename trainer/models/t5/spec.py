@@ -7,10 +7,10 @@ from pathlib import Path
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from trainer.data import Vocabulary
-from trainer.checkpoint import resolve_checkpoint
+from trainer.data.batches import Vocabulary
+from trainer.checkpoint.store import resolve_checkpoint
 from trainer.config import DEFAULT_DIVISIBLE_BY, BertConfig
-from trainer.hf_convert import ConvertCheckpointConfig
+from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.errors import TrainConfigError
 from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
 from trainer.models.t5.convert import (

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from trainer.config import TrainConfig
-from trainer.data import Vocabulary
+from trainer.data.batches import Vocabulary
 from trainer.errors import TrainConfigError
-from trainer.metrics import FORWARD_BACKWARD_FACTOR
+from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
 from trainer.models.spec import FamilyLayout, TrainingParts
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
 from trainer.models.t5.data import collate_t5

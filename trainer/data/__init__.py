@@ -1,0 +1,1 @@
+"""Batches for the trainer, any family: vocabulary, data files, data-parallel order, read-ahead."""

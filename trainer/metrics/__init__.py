@@ -1,0 +1,1 @@
+"""What a run reports: metrics records and writers, the memory report, plots."""
