@@ -12,6 +12,7 @@ import math
 import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -97,3 +98,32 @@ def test_the_profile_splits_the_step_into_attention_matmul_optimizer_and_other(f
     assert len(profile["top"]) == 10
     table = (dry_run[1] / "profile.txt").read_text()
     assert all(category in table for category in PROFILE_CATEGORIES)
+
+
+def _write_probe_wheel(folder: Path) -> str:
+    """A minimal pure-Python wheel (one module), written by hand as PEP 427 lays it out; returns its module name."""
+    module, version = "tokenmill_wheel_probe", "1.0"
+    info = f"{module}-{version}.dist-info"
+    files = {f"{module}.py": "VALUE = 1\n",
+             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {module}\nVersion: {version}\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: tokenmill-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    folder.mkdir()
+    with zipfile.ZipFile(folder / f"{module}-{version}-py3-none-any.whl", "w") as wheel:
+        for name, text in {**files, f"{info}/RECORD": record}.items():
+            wheel.writestr(name, text)
+    return module
+
+
+def test_carried_wheels_are_installed_into_the_site_folder_before_the_steps(tmp_path):
+    """The device machine has no network: run.sh installs what `.whl/` carries with pip's --no-index --target."""
+    module = _write_probe_wheel(tmp_path / "wheels")
+    environment = {**os.environ, "OUT": str(tmp_path / "out"), "WORK": str(tmp_path / "work"), "DEVICE": "cpu",
+                   "TINY": "1", "PYTHON": sys.executable, "WHEELS": str(tmp_path / "wheels"),
+                   "SITE": str(tmp_path / "site"), "ONLY": "environment"}
+    run = subprocess.run(["bash", str(SCRIPT)], env=environment, capture_output=True, text=True,
+                         timeout=DRY_RUN_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr
+    assert (tmp_path / "site" / f"{module}.py").read_text() == "VALUE = 1\n"
+    figures = json.loads((tmp_path / "out" / "figures.json").read_text())
+    assert figures["steps"]["environment"]["status"] == "ok"
