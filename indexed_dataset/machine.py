@@ -32,15 +32,25 @@ def available_memory_bytes() -> int:
                     return int(line.split()[1]) * _KIB  # the file counts KiB
     except (OSError, ValueError, IndexError):
         pass
+    return physical_memory_bytes()
+
+
+def physical_memory_bytes() -> int:
+    """This machine's physical memory (what every process here shares)."""
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def free_disk_bytes(path: str) -> int:
-    """Free bytes of the file system that holds `path`, or would hold it (its nearest existing folder)."""
+def nearest_existing(path: str | os.PathLike) -> str:
+    """`path` made absolute, or its nearest existing ancestor (where a file about to be written would live)."""
     path = os.path.abspath(path)
-    while not os.path.exists(path):
+    while not os.path.exists(path) and path != os.path.dirname(path):
         path = os.path.dirname(path)
-    return shutil.disk_usage(path).free
+    return path
+
+
+def free_disk_bytes(path: str | os.PathLike) -> int:
+    """Free bytes of the file system that holds `path`, or would hold it (its nearest existing folder)."""
+    return shutil.disk_usage(nearest_existing(path)).free
 
 
 def format_gib(num_bytes: int) -> str:

@@ -21,6 +21,7 @@ import json
 import os
 import re
 import stat
+from collections.abc import Callable
 from typing import Any
 
 from .errors import TokenmillError
@@ -135,13 +136,8 @@ def parse_json(text: str, where: str, max_depth: int = MAX_NESTING_DEPTH,
     Raises:
         error: ``{where}: not JSON (...)`` or nested too deep.
     """
-    check_json_depth(text, where, max_depth, error)
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as decode_error:
-        raise error(f"{where}: not JSON ({decode_error.msg} at column {decode_error.colno})") from None
-    except RecursionError:  # a parser deeper than our scan saw (never expected): still one line
-        raise error(f"{where}: nested too deep to parse") from None
+    return _loads(text, where, max_depth, error,
+                  lambda decode_error: f"not JSON ({decode_error.msg} at column {decode_error.colno})")
 
 
 def read_json_file(path: str | os.PathLike, limit_bytes: int = CONFIG_FILE_LIMIT_BYTES,
@@ -153,15 +149,21 @@ def read_json_file(path: str | os.PathLike, limit_bytes: int = CONFIG_FILE_LIMIT
             and column).
         OSError: the file cannot be opened or read.
     """
-    text = read_bounded_text(path, limit_bytes, error)
-    check_json_depth(text, str(path), max_depth, error)
+    return _loads(read_bounded_text(path, limit_bytes, error), str(path), max_depth, error,
+                  lambda decode_error: f"not valid JSON at line {decode_error.lineno}, column "
+                                       f"{decode_error.colno}: {decode_error.msg}")
+
+
+def _loads(text: str, where: str, max_depth: int, error: type[Exception],
+           describe: Callable[[json.JSONDecodeError], str]) -> Any:
+    """``json.loads(text)``, depth-checked first; a decoding error is ``{where}: {describe(error)}``."""
+    check_json_depth(text, where, max_depth, error)
     try:
         return json.loads(text)
     except json.JSONDecodeError as decode_error:
-        raise error(f"{path}: not valid JSON at line {decode_error.lineno}, column {decode_error.colno}: "
-                    f"{decode_error.msg}") from None
-    except RecursionError:
-        raise error(f"{path}: nested too deep to parse") from None
+        raise error(f"{where}: {describe(decode_error)}") from None
+    except RecursionError:  # a parser deeper than our scan saw (never expected): still one line
+        raise error(f"{where}: nested too deep to parse") from None
 
 
 def read_yaml_file(path: str | os.PathLike, limit_bytes: int = CONFIG_FILE_LIMIT_BYTES,

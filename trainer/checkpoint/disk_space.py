@@ -11,43 +11,31 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
 from pathlib import Path
+
+from indexed_dataset.machine import free_disk_bytes, nearest_existing
 
 # errno values of a write refused for want of room: the disk is full, or the user's quota is.
 _DISK_FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
-def _existing(path: Path) -> Path:
-    """``path`` or its nearest existing ancestor."""
-    path = Path(os.path.abspath(path))
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    return path
-
-
 def mount_point(path: str | os.PathLike) -> Path:
     """The mount point of the disk that holds (or would hold) ``path``."""
-    path = _existing(Path(path))
+    path = Path(nearest_existing(path))
     while not os.path.ismount(path) and path != path.parent:
         path = path.parent
     return path
 
 
-def free_bytes(path: str | os.PathLike) -> int:
-    """Bytes free for this user on the disk that holds (or would hold) ``path``."""
-    return shutil.disk_usage(_existing(Path(path))).free
-
-
 def no_space_message(path: str | os.PathLike, needed_bytes: int) -> str:
     """``<path>: no room on the disk mounted at <mount>: about N bytes needed, M free``."""
     return (f"{path}: no room on the disk mounted at {mount_point(path)}: about {needed_bytes:,} bytes needed, "
-            f"{free_bytes(path):,} free")
+            f"{free_disk_bytes(path):,} free")
 
 
 def free_space_shortfall(path: str | os.PathLike, needed_bytes: int) -> str | None:
     """`no_space_message` when the disk of ``path`` has less than ``needed_bytes`` free, else None."""
-    return no_space_message(path, needed_bytes) if free_bytes(path) < needed_bytes else None
+    return no_space_message(path, needed_bytes) if free_disk_bytes(path) < needed_bytes else None
 
 
 def is_disk_full(error: BaseException) -> bool:

@@ -13,12 +13,11 @@ makes it so:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Mapping
 
+from indexed_dataset.machine import GIB, physical_memory_bytes
 from trainer.errors import ModelFileError
 
-GIB = 2**30
 FLOAT32_BYTES = 4
 """Checkpoints and conversions hold float32 weights; a lower bound for any other dtype's training too."""
 LAYER_OVERHEAD_BYTES = 50 * 2**10
@@ -28,11 +27,6 @@ GPT block on the meta device (torch 2.x); this is what a million-layer config ex
 ATTENTION_MATRICES = 4
 # An MLP's two matrices (in and out; a gated one has three: a lower bound either way).
 MLP_MATRICES = 2
-
-
-def machine_memory_bytes() -> int:
-    """This machine's physical memory in bytes (what every process here shares)."""
-    return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def transformer_parameters(num_layers: int, hidden_size: int, ffn_hidden_size: int, vocab_rows: int,
@@ -59,7 +53,7 @@ def check_model_fits(sizes: Mapping[str, int], parameters: Callable[[Mapping[str
         parameters: the family's parameter count of ``sizes`` (`transformer_parameters` of them).
         layer_keys: the keys of ``sizes`` that count blocks (each costs `LAYER_OVERHEAD_BYTES`).
         source: the file, first in the message; ``prefix``: where the keys sit in it (``"shape."``).
-        available_bytes: default this machine's memory (`machine_memory_bytes`).
+        available_bytes: default this machine's memory (`indexed_dataset.machine.physical_memory_bytes`).
 
     Raises:
         ModelFileError: naming the key the estimate owes most to (the one that, set to 1, leaves the
@@ -69,7 +63,7 @@ def check_model_fits(sizes: Mapping[str, int], parameters: Callable[[Mapping[str
         return (parameters(values) * FLOAT32_BYTES
                 + sum(values[key] for key in layer_keys) * LAYER_OVERHEAD_BYTES)
 
-    available = machine_memory_bytes() if available_bytes is None else available_bytes
+    available = physical_memory_bytes() if available_bytes is None else available_bytes
     if needed(sizes) <= available:
         return
     culprit = min(sizes, key=lambda key: needed({**sizes, key: 1}))
