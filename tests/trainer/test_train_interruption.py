@@ -20,6 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 # Seconds to wait for the first logged iteration, then for the process to end after the signal.
 START_TIMEOUT_S = 180
 EXIT_TIMEOUT_S = 90
+# Seconds for a process that did not end to print its stacks on SIGABRT.
+ABORT_TIMEOUT_S = 10
 EXIT_CODES = {signal.SIGINT: 130, signal.SIGTERM: 143}
 LONG_RUN_ITERS = 100_000
 
@@ -27,8 +29,9 @@ LONG_RUN_ITERS = 100_000
 def _signalled_run(argv: list[str], signal_number: int, whole_group: bool) -> tuple[int, list[str]]:
     """Start ``train argv``, send ``signal_number`` once it logs an iteration (to every process of its group,
     as a terminal's Ctrl-C does, with ``whole_group``); (exit code, stderr lines)."""
-    process = subprocess.Popen([sys.executable, "-m", "trainer.cli.train", *argv], cwd=REPO, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    # -X faulthandler: a process that does not end is sent SIGABRT, and prints every thread's stack first.
+    process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "trainer.cli.train", *argv], cwd=REPO,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     started = threading.Event()
 
@@ -46,7 +49,13 @@ def _signalled_run(argv: list[str], signal_number: int, whole_group: bool) -> tu
             os.killpg(process.pid, signal_number)
         else:
             process.send_signal(signal_number)
-        code = process.wait(EXIT_TIMEOUT_S)
+        try:
+            code = process.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            process.wait(ABORT_TIMEOUT_S)
+            reader.join(ABORT_TIMEOUT_S)
+            pytest.fail(f"train did not end within {EXIT_TIMEOUT_S} s of the signal; its stacks:\n" + "\n".join(lines[-60:]))
     finally:
         process.kill()
     reader.join(EXIT_TIMEOUT_S)

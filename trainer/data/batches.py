@@ -9,13 +9,14 @@ so the step only pays for a queue ``get``.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Protocol
 from pathlib import Path
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +29,16 @@ from samplers.run_length import EVAL_ITERS_FLAG, RunLength
 from trainer.config import DataConfig
 from trainer.errors import TrainConfigError
 
+logger = logging.getLogger(__name__)
+
 # Labels with this value are left out of the loss (``F.cross_entropy``'s default ignore_index).
 IGNORE_INDEX = -100
 # Steps read ahead; two keep the queue full while a step runs without holding much memory.
 PREFETCH_STEPS = 2
+# Seconds `Prefetcher.close` waits for its thread. The thread stops within one put timeout (0.1 s) once told,
+# but a run unwinding from Ctrl-C or SIGTERM must never wait on it without bound: it is a daemon, so the
+# process ends whether or not it has.
+PREFETCH_CLOSE_TIMEOUT_S = 5.0
 # The item key under which `step_batches` gives a collate function each sample's id (int64 scalar tensor).
 SAMPLE_ID_KEY = "sample_id"
 
@@ -260,5 +267,9 @@ class Prefetcher:
         return item
 
     def close(self) -> None:
+        """Stop the thread and wait for it, at most `PREFETCH_CLOSE_TIMEOUT_S` seconds."""
         self._stop.set()
-        self._thread.join()
+        self._thread.join(PREFETCH_CLOSE_TIMEOUT_S)
+        if self._thread.is_alive():
+            logger.warning("the batch prefetch thread did not stop within %.0f s; leaving it (a daemon) behind",
+                           PREFETCH_CLOSE_TIMEOUT_S)
