@@ -105,7 +105,7 @@ def test_model_commands_list_no_preprocessing_flags(module):
 
 def test_convert_checkpoint_help_names_every_family_and_finetune_shows_defaults():
     from trainer.cli.convert import build_parser as convert_parser
-    from trainer.squad.finetune_cli import build_parser as finetune_parser
+    from trainer.models.bert.squad.finetune_cli import build_parser as finetune_parser
 
     text = " ".join(convert_parser().format_help().split())
     for family in ("GPT-2", "BERT", "T5", "mT5", "Switch"):

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.squad.finetune_cli import main as finetune
-from trainer.squad.predict_cli import main as predict
+from trainer.models.bert.squad.finetune_cli import main as finetune
+from trainer.models.bert.squad.predict_cli import main as predict
 
 POSITIONS = 40
 QUESTION = "Berlin is the capital of Germany. - What is the capital of Germany?"

@@ -121,7 +121,7 @@ def test_resuming_into_the_same_directory_still_works(saved_run, tiny_prefix, ca
 
 @pytest.mark.timeout(RUN_TIMEOUT_S)
 def test_finetune_save_into_another_finetuning_run_is_refused(data_test, tmp_path, capsys):
-    from trainer.squad.finetune_cli import main as finetune_main
+    from trainer.models.bert.squad.finetune_cli import main as finetune_main
 
     sample = str(data_test / "squad" / "squad_sample.json")
     vocab = str(data_test / "tokenizers" / "wordpiece-vocab.txt")

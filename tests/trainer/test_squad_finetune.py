@@ -1,4 +1,4 @@
-"""SQuAD v1.1 / CMRC 2018 fine-tuning, evaluation and prediction with BERT (`trainer.squad`).
+"""SQuAD v1.1 / CMRC 2018 fine-tuning, evaluation and prediction with BERT (`trainer.models.bert.squad`).
 
 Features map every gold answer of the shipped files back to its characters (English and Chinese); a tiny
 BERT fine-tuned from scratch on a synthetic set whose answers follow a rule reaches F1 > 90 on its held-out
@@ -17,11 +17,11 @@ from squad_testing import CHINESE, ENGLISH, filler_words, write_synthetic_squad
 
 from trainer.config import OptimizerConfig
 from trainer.cli.convert import main as convert_main
-from trainer.squad.finetune_cli import main as finetune_main
-from trainer.squad.predict_cli import main as predict_main
-from trainer.squad.examples import parse_predict_inputs, read_squad_file
-from trainer.squad.features import FeatureOptions, build_features
-from trainer.squad.finetune import ScratchShape, SquadConfig, feature_batch, finetune, load_span_model, wordpiece_backend
+from trainer.models.bert.squad.finetune_cli import main as finetune_main
+from trainer.models.bert.squad.predict_cli import main as predict_main
+from trainer.models.bert.squad.examples import parse_predict_inputs, read_squad_file
+from trainer.models.bert.squad.features import FeatureOptions, build_features
+from trainer.models.bert.squad.finetune import ScratchShape, SquadConfig, feature_batch, finetune, load_span_model, wordpiece_backend
 
 LEARNED_F1 = 90.0
 SMALL = FeatureOptions(max_seq_length=40, doc_stride=8, max_query_length=8)

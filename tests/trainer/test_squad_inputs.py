@@ -22,8 +22,8 @@ from evaluate_testing import tiny_hf  # noqa: F401  (a fixture)
 from hf_testing import make_tiny_hf
 
 from trainer.cli.evaluate import main as evaluate_main
-from trainer.squad.finetune_cli import main as finetune_main
-from trainer.squad.predict_cli import main as predict_main
+from trainer.models.bert.squad.finetune_cli import main as finetune_main
+from trainer.models.bert.squad.predict_cli import main as predict_main
 
 pytestmark = pytest.mark.timeout(120)
 

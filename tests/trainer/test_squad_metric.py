@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from trainer.squad.metric import f1_score, normalize_answer, squad_metric
+from trainer.models.bert.squad.metric import f1_score, normalize_answer, squad_metric
 
 
 def test_normalisation_lowercases_strips_punctuation_and_articles_and_collapses_spaces():

@@ -12,8 +12,8 @@ from process_testing import run_jobs
 from squad_testing import ENGLISH, filler_words, write_synthetic_squad
 
 from trainer.config import OptimizerConfig
-from trainer.squad.features import FeatureOptions
-from trainer.squad.finetune import ScratchShape, SquadConfig, finetune
+from trainer.models.bert.squad.features import FeatureOptions
+from trainer.models.bert.squad.finetune import ScratchShape, SquadConfig, finetune
 
 MICRO_BATCH, GLOBAL_BATCH = 4, 8
 # fp32 reductions in another order (TP's split matmuls, DP's gradient all-reduce) over a few AdamW steps.

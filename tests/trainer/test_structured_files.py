@@ -30,7 +30,7 @@ from trainer.cli.convert import main as convert_main
 from trainer.cli.evaluate import main as evaluate_main
 from trainer.cli.generate import main as generate_main
 from trainer.cli.plot import main as plot_main
-from trainer.squad.finetune_cli import main as finetune_main
+from trainer.models.bert.squad.finetune_cli import main as finetune_main
 
 # Seconds a command may take to refuse a file (a FIFO read would wait forever; /dev/zero read forever).
 REFUSAL_TIMEOUT_S = 60

@@ -249,7 +249,7 @@ def test_generate_flags_that_are_not_usable_numbers_are_one_line(tmp_path, flags
 
 COMMAND_PARSERS = ["preprocess.cli", "preprocess.merge_cli", "preprocess.convert_cli", "trainer.cli.convert",
                    "trainer.cli.evaluate", "trainer.cli.plot", "trainer.cli.generate", "trainer.cli.inspect",
-                   "samplers.cli", "trainer.squad.finetune_cli", "trainer.squad.predict_cli", "trainer.cli.train_args"]
+                   "samplers.cli", "trainer.models.bert.squad.finetune_cli", "trainer.models.bert.squad.predict_cli", "trainer.cli.train_args"]
 
 
 @pytest.mark.parametrize("module", COMMAND_PARSERS)

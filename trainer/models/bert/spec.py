@@ -63,7 +63,7 @@ PLAN = ParallelPlan(
 )
 
 # The same model with the span head (``BertShape(head=SPAN_HEAD)``), fine-tuned for extractive QA
-# (`trainer.squad`): start/end cross-entropy instead of the pre-training loss.
+# (`trainer.models.bert.squad`): start/end cross-entropy instead of the pre-training loss.
 SPAN_PLAN = dataclasses.replace(PLAN, loss=span_loss)
 
 SPEC = ModelSpec(

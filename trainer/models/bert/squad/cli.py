@@ -1,5 +1,5 @@
-"""Flags shared by ``finetune --task squad`` (`trainer.squad.finetune_cli`) and ``predict``
-(`trainer.squad.predict_cli`): the features and the decoding."""
+"""Flags shared by ``finetune --task squad`` (`trainer.models.bert.squad.finetune_cli`) and ``predict``
+(`trainer.models.bert.squad.predict_cli`): the features and the decoding."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from indexed_dataset.cli_parser import int_at_least
 from trainer.checkpoint.store import resolve_checkpoint
 from trainer.checkpoint.hf_files import is_hf_directory
 from trainer.models.bert.convert import hf_shape, read_model_config
-from trainer.squad.features import SPECIAL_POSITIONS, FeatureOptions
+from trainer.models.bert.squad.features import SPECIAL_POSITIONS, FeatureOptions
 
 
 def add_feature_arguments(parser: argparse.ArgumentParser) -> None:

@@ -11,8 +11,8 @@ import math
 
 import numpy as np
 
-from trainer.squad.examples import QAExample
-from trainer.squad.features import NO_OFFSET, QAFeature
+from trainer.models.bert.squad.examples import QAExample
+from trainer.models.bert.squad.features import NO_OFFSET, QAFeature
 
 
 def _feature_candidates(feature: QAFeature, start_logits: np.ndarray, end_logits: np.ndarray, n_best_size: int,
@@ -37,7 +37,7 @@ def decode_answers(examples: list[QAExample], features: list[QAFeature], start_l
 
     Args:
         examples: the examples the features were built from.
-        features: `trainer.squad.features.build_features` of them.
+        features: `trainer.models.bert.squad.features.build_features` of them.
         start_logits, end_logits: float [num_features, seq].
         n_best_size: starts and ends considered per window, and answers kept per example.
         max_answer_length: the longest answer, in tokens.

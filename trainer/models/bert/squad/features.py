@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from trainer.squad.examples import QAExample, SquadFormatError
+from trainer.models.bert.squad.examples import QAExample, SquadFormatError
 
 # [CLS] and the two [SEP].
 SPECIAL_POSITIONS = 3

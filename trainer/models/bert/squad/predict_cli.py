@@ -12,9 +12,9 @@ import json
 
 from indexed_dataset.cli_parser import CommandParser, int_at_least
 from indexed_dataset.cli_support import run_command
-from trainer.squad.cli import add_feature_arguments, feature_options, model_positions
-from trainer.squad.examples import parse_predict_inputs, read_predict_file
-from trainer.squad.finetune import PredictConfig, predict
+from trainer.models.bert.squad.cli import add_feature_arguments, feature_options, model_positions
+from trainer.models.bert.squad.examples import parse_predict_inputs, read_predict_file
+from trainer.models.bert.squad.finetune import PredictConfig, predict
 
 
 def build_parser() -> CommandParser:

@@ -49,10 +49,10 @@ from trainer.optim.optimizer import apply_schedule, build_optimizer
 from trainer.parallel.dims import ParallelDims, pad_vocab_size
 from trainer.parallel.runner import ParallelModel
 from trainer.checkpoint.save_directory import check_save_directory, claim_save_directory
-from trainer.squad.decode import decode_answers
-from trainer.squad.examples import QAExample, read_squad_file
-from trainer.squad.features import FeatureOptions, QAFeature, build_features
-from trainer.squad.metric import squad_metric
+from trainer.models.bert.squad.decode import decode_answers
+from trainer.models.bert.squad.examples import QAExample, read_squad_file
+from trainer.models.bert.squad.features import FeatureOptions, QAFeature, build_features
+from trainer.models.bert.squad.metric import squad_metric
 
 logger = logging.getLogger(__name__)
 

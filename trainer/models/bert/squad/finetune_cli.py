@@ -19,8 +19,8 @@ from indexed_dataset.cli_support import run_command
 from trainer.cli.flags import flags_in_message
 from trainer.config import LR_DECAY_STYLES, OptimizerConfig
 from trainer.errors import CheckpointError
-from trainer.squad.cli import add_feature_arguments, feature_options, model_positions
-from trainer.squad.finetune import ScratchShape, SquadConfig, finetune
+from trainer.models.bert.squad.cli import add_feature_arguments, feature_options, model_positions
+from trainer.models.bert.squad.finetune import ScratchShape, SquadConfig, finetune
 
 TASKS = ("squad",)
 

@@ -1,2 +1,0 @@
-"""Extractive question answering (SQuAD v1.1, CMRC 2018) with BERT: features, fine-tuning, n-best decoding,
-the official metric, prediction. Commands: ``finetune --task squad`` (`trainer.squad.cli`) and ``predict``."""
