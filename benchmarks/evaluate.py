@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from trainer.evaluation.detokenize import detokenize_wikitext
 from trainer.evaluation.perplexity import evaluate_perplexity, lm_windows
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
+from trainer.models.dispatch import resolve_scoring_source
 
 DATA_TEST = Path(__file__).resolve().parents[1] / "data_test"
 SAMPLE = DATA_TEST / "evaluate" / "wiki_sample.test.tokens"
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         theirs_model = GPT2LMHeadModel.from_pretrained(directory).eval()
         tokenizer = GPT2TokenizerFast(vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt"))
         config = EvalModelConfig(load=str(directory), batch_size=args.batch_size, device="cpu", progress=False)
-        with open_eval_model(config) as ours_model:
+        with open_eval_model(config, resolve_scoring_source(config.load, 1)) as ours_model:
             run_ours = lambda: evaluate_perplexity(ours_model, text, args.seq_length, overlap)  # noqa: E731
             run_theirs = lambda: transformers_ppl(theirs_model, tokenizer, text, args.seq_length,  # noqa: E731
                                                   overlap, args.batch_size)

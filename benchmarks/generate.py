@@ -1,10 +1,13 @@
 """Generation speed: our `generate` (KV cache, batched prompts) vs transformers' `generate`, on CPU.
 
-    python -m benchmarks.generate                     # GPT and T5, tiny and small-shaped models, batch 1 and 4
-    python -m benchmarks.generate --families t5 --models small --new-tokens 128 --repeats 5
+    python -m benchmarks.generate                     # every family, tiny and small-shaped models, batch 1 and 4
+    python -m benchmarks.generate --families llama mixtral --models tiny --new-tokens 128 --repeats 5
 
 GPT: a GPT2LMHeadModel made locally (transformers' init under a fixed seed) and saved with
-save_pretrained; prompts left-padded. T5: a T5 v1.0 (ReLU, tied head) drawn by our own `T5` init under a
+save_pretrained; prompts left-padded. Llama and Mixtral: the same with a LlamaForCausalLM (grouped-query
+attention, 4 heads over 2 kv groups at the tiny size, 8 over 2 at the small one, vocabulary 32000) and a
+MixtralForCausalLM (8 SwiGLU experts, top-2), both run by our GPT decoder with its Llama-class options and
+its grouped KV cache. T5: a T5 v1.0 (ReLU, tied head) drawn by our own `T5` init under a
 fixed seed and written with `save_hf_t5`, loaded by T5ForConditionalGeneration; encoder prompts
 right-padded; tiny (d_model 64, 2+2 layers) and T5-small's shape (d_model 512, d_ff 2048, 8 heads, 6+6
 layers, vocabulary 32128). Both sides run greedy decoding in this process on the same weights, the same
@@ -41,7 +44,7 @@ from trainer.generation.sampling import SamplingConfig, next_tokens
 from trainer.checkpoint.hf_files import read_hf_config
 from trainer.models.gpt.convert import load_hf_weights
 from trainer.models.gpt.generate import generate_ids
-from trainer.models.gpt.hf import shape_from_hf_config
+from trainer.models.gpt.hf_decoders import decoder_shape
 from trainer.models.gpt.sharded import ShardedGPT, sharded_layout
 from trainer.models.t5 import generate as t5_generate
 from trainer.models.t5.convert import load_hf_t5_weights
@@ -53,6 +56,20 @@ MODELS = {
     "gpt": {
         "tiny": {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 1024, "vocab_size": 50257},
         "small": {"n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024, "vocab_size": 50257},
+    },
+    "llama": {
+        "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "intermediate_size": 172, "max_position_embeddings": 1024, "vocab_size": 32000},
+        "small": {"num_hidden_layers": 8, "hidden_size": 512, "num_attention_heads": 8, "num_key_value_heads": 2,
+                  "intermediate_size": 1408, "max_position_embeddings": 1024, "vocab_size": 32000},
+    },
+    "mixtral": {
+        "tiny": {"num_hidden_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+                 "intermediate_size": 128, "max_position_embeddings": 1024, "vocab_size": 32000,
+                 "num_local_experts": 8, "num_experts_per_tok": 2},
+        "small": {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 8, "num_key_value_heads": 2,
+                  "intermediate_size": 512, "max_position_embeddings": 1024, "vocab_size": 32000,
+                  "num_local_experts": 8, "num_experts_per_tok": 2},
     },
     "t5": {
         "tiny": {"d_model": 64, "d_kv": 16, "d_ff": 256, "num_heads": 4, "num_encoder_layers": 2,
@@ -85,9 +102,24 @@ def save_random_gpt2(directory: Path, dims: dict) -> None:
     GPT2LMHeadModel(GPT2Config(**dims)).save_pretrained(directory)
 
 
+def save_random_llama(directory: Path, dims: dict) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(SEED)
+    LlamaForCausalLM(LlamaConfig(**dims)).save_pretrained(directory)
+
+
+def save_random_mixtral(directory: Path, dims: dict) -> None:
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    torch.manual_seed(SEED)
+    MixtralForCausalLM(MixtralConfig(**dims)).save_pretrained(directory)
+
+
 def gpt_ours(directory: Path):
+    """Our GPT decoder (GPT-2 or Llama-class options, `trainer.models.gpt.hf_decoders`) of a HF directory."""
     config = read_hf_config(directory)
-    shape = shape_from_hf_config(config)
+    shape = decoder_shape(config)
     model = ShardedGPT(shape, config["vocab_size"], sharded_layout(shape, 1, 1, 1), None, torch.device("cpu"))
     load_hf_weights(model.named_parameters(), directory, shape)
     model.finish_loading()
@@ -95,9 +127,9 @@ def gpt_ours(directory: Path):
 
 
 def gpt_theirs(directory: Path):
-    from transformers import GPT2LMHeadModel
+    from transformers import AutoModelForCausalLM
 
-    model = GPT2LMHeadModel.from_pretrained(directory).eval()
+    model = AutoModelForCausalLM.from_pretrained(directory).eval()
 
     def run(prompts: list[list[int]], new: int) -> list[list[int]]:
         longest = max(map(len, prompts))
@@ -198,7 +230,8 @@ def time_t5_pp2(directory: Path, prompts: list[list[int]], new: int, repeats: in
 
 # -- comparison -----------------------------------------------------------------------------------------
 
-RUNNERS = {"gpt": (save_random_gpt2, gpt_ours, gpt_theirs), "t5": (save_random_t5, t5_ours, t5_theirs)}
+RUNNERS = {"gpt": (save_random_gpt2, gpt_ours, gpt_theirs), "llama": (save_random_llama, gpt_ours, gpt_theirs),
+           "mixtral": (save_random_mixtral, gpt_ours, gpt_theirs), "t5": (save_random_t5, t5_ours, t5_theirs)}
 
 
 def timed(run, prompts, new) -> tuple[float, list[list[int]]]:

@@ -7,6 +7,7 @@ two; each round's figure is the median step time over its measured steps (warm-u
 
     python -m benchmarks.train_step            # prints tokens/s of both, the ratio, and data time per step
     python -m benchmarks.train_step --rounds 5 --steps 30
+    python -m benchmarks.train_step --llama        # a Llama-shaped decoder (RMSNorm, SwiGLU, rotary, GQA)
 
 Targets: ratio >= 0.95; data loading time < 5% of the step time.
 """
@@ -46,11 +47,19 @@ VOCAB = 8192
 WARMUP_STEPS = 3
 
 
+# The Llama-class switches of `--llama` (Megatron's Llama 3 flags): RMSNorm, SwiGLU, rotary positions, no biases,
+# grouped-query attention with this many query heads per key/value group.
+LLAMA_OPTIONS = dict(normalization="RMSNorm", swiglu=True, position_embedding_type="rope", disable_bias_linear=True,
+                     group_query_attention=True)
+LLAMA_HEADS_PER_GROUP = 2
+
+
 def benchmark_config(prefix: str, cache: str, metrics: str, steps: int, args: argparse.Namespace) -> TrainConfig:
+    llama = dict(LLAMA_OPTIONS, num_query_groups=args.heads // LLAMA_HEADS_PER_GROUP) if args.llama else {}
     return TrainConfig(
         model=ModelConfig(num_layers=args.layers, hidden_size=args.hidden, num_attention_heads=args.heads,
                           seq_length=args.seq, vocab_size=VOCAB, hidden_dropout=args.dropout,
-                          attention_dropout=args.dropout),
+                          attention_dropout=args.dropout, **llama),
         parallelism=ParallelismConfig(keyed_dropout=args.keyed_dropout),
         data=DataConfig(dataset=[prefix], split="100,0,0", data_cache_path=cache),
         training=TrainingConfig(micro_batch_size=args.batch, global_batch_size=args.batch, train_iters=steps,
@@ -103,6 +112,9 @@ def main() -> None:
     parser.add_argument("--dropout", type=finite_float, default=0.0, help="hidden and attention dropout of both sides")
     parser.add_argument("--keyed-dropout", action="store_true",
                         help="train with --keyed-dropout (the plain loop keeps nn.Dropout)")
+    parser.add_argument("--llama", action="store_true",
+                        help="a Llama-shaped decoder on both sides: RMSNorm, SwiGLU, rotary, no biases, grouped-query "
+                             f"attention ({LLAMA_HEADS_PER_GROUP} query heads per group)")
     parser.add_argument("--threads", type=int, default=1,
                         help="intra-op threads for both sides (1, as torchrun gives each of several CPU processes)")
     args = parser.parse_args()
@@ -133,7 +145,8 @@ def main() -> None:
     trainer_tps = tokens_per_step / statistics.median(trainer_steps)
     baseline_tps = tokens_per_step / statistics.median(baseline_steps)
     data_fraction = statistics.median(data_waits) / statistics.median(trainer_steps)
-    print(f"model: {args.layers} layers, hidden {args.hidden}, seq {args.seq}, batch {args.batch}, vocab {VOCAB}; "
+    print(f"model: {'Llama-shaped, ' if args.llama else ''}{args.layers} layers, hidden {args.hidden}, seq {args.seq}, "
+          f"batch {args.batch}, vocab {VOCAB}; "
           f"threads {torch.get_num_threads()}")
     print(f"train      : {trainer_tps:,.0f} tokens/s (median of {args.rounds})")
     print(f"plain loop : {baseline_tps:,.0f} tokens/s (median of {args.rounds})")

@@ -109,16 +109,17 @@ def format_of(path: str) -> str:
     return "mmap"
 
 
-def open_reader(path: str, fmt: str | None = None) -> Any:
+def open_reader(path: str, fmt: str | None = None, mmap_bin: bool = True) -> Any:
     """Open a dataset of any format with its reader (`IndexedDataset` for mmap).
 
     Args:
         path: the dataset path (see `format_of`).
         fmt: one of `FORMATS`, or None to detect it from the path.
+        mmap_bin: mmap format: map the `.bin` (False: plain file reads, `IndexedDataset`'s mmap_bin).
     """
     fmt = fmt or format_of(path)
     if fmt == "mmap":
-        return IndexedDataset(path)
+        return IndexedDataset(path, mmap_bin=mmap_bin)
     if fmt == "arrow":
         from .arrow import ArrowReader
 

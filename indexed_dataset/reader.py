@@ -49,6 +49,35 @@ def _map_file(path: str) -> Union[mmap.mmap, bytes]:
         return mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
 
 
+class FileTokens:
+    """The `.bin`'s tokens read with plain file reads, one read per slice (Megatron's ``_FileBinReader``, its
+    ``--no-mmap-bin-files``): for file systems where memory maps are slow or unavailable. Sliced as the mapped
+    token array is (step 1), giving a read-only array of the tokens read; nothing stays open between reads.
+
+    Args:
+        path: the `.bin` file.
+        dtype: its token dtype.
+        count: tokens in it.
+    """
+
+    def __init__(self, path: str, dtype: np.dtype, count: int) -> None:
+        self.path, self.dtype, self.count = path, np.dtype(dtype), count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: slice) -> np.ndarray:
+        """Tokens ``[index.start, index.stop)`` (clipped to the file, as an array slice is)."""
+        start, stop, step = index.indices(self.count)
+        if step != 1:
+            raise IndexError(f"{self.path}: slices with step {step} are not supported")
+        length = max(stop - start, 0)
+        with open(self.path, "rb") as f:
+            f.seek(start * self.dtype.itemsize)
+            data = f.read(length * self.dtype.itemsize)
+        return np.frombuffer(data, self.dtype)
+
+
 def check_index_arrays(
     idx_path: str,
     sequence_lengths: np.ndarray,
@@ -114,13 +143,15 @@ class IndexedDataset(SequenceCounts):
 
     Args:
         path: the dataset prefix (`data/x_text_document`), or its `.bin` or `.idx` path.
+        mmap_bin: map the `.bin` (True); False: read its tokens with plain file reads (`FileTokens`: ``tokens``
+            is then sliceable, not an array). The `.idx` is mapped either way, as in Megatron.
 
     Raises:
         IndexFormatError: a file is missing, or the header, a file size or an array is wrong (names the
             file, and the offset where known).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, mmap_bin: bool = True) -> None:
         self.prefix = strip_suffix(path)
         self.idx_path = index_file_path(self.prefix)
         self.bin_path = data_file_path(self.prefix)
@@ -179,8 +210,11 @@ class IndexedDataset(SequenceCounts):
                 f"{self.bin_path}: {bin_size} bytes, but the index says {expected_bin}"
                 + (" (truncated)" if bin_size < expected_bin else "")
             )
-        self._bin_map = _map_file(self.bin_path)
-        self.tokens = np.frombuffer(self._bin_map, self.dtype, bin_size // self.dtype.itemsize)
+        if mmap_bin:
+            self._bin_map = _map_file(self.bin_path)
+            self.tokens = np.frombuffer(self._bin_map, self.dtype, bin_size // self.dtype.itemsize)
+        else:
+            self.tokens = FileTokens(self.bin_path, self.dtype, bin_size // self.dtype.itemsize)
 
     @property
     def num_tokens(self) -> int:

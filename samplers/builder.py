@@ -95,7 +95,7 @@ class _Builder:
 
     def dataset(self, prefix: str) -> TokenSource:
         if prefix not in self.datasets:
-            self.datasets[prefix] = TokenSource(prefix)
+            self.datasets[prefix] = TokenSource(prefix, mmap_bin=self.config.mmap_bin_files)
         return self.datasets[prefix]
 
     def cache(self, prefix: str) -> IndexCache:

@@ -66,6 +66,8 @@ class GPTDatasetConfig:
     """Extra fraction of samples each weighted blend member is built with."""
     separate_final_epoch_threshold: float = SEPARATE_FINAL_EPOCH_THRESHOLD
     """The last epoch is shuffled apart when it supplies fewer than this fraction of an epoch."""
+    mmap_bin_files: bool = True
+    """Megatron's: map each mmap dataset's `.bin`; False: read its tokens with plain file reads (the same tokens)."""
 
     def __post_init__(self) -> None:
         if self.sequence_length < 1:

@@ -30,6 +30,7 @@ class TokenSource:
 
     Args:
         path: an mmap prefix (or its `.bin`/`.idx`), an Arrow folder or `.arrow` file, or a `.mindrecord` file.
+        mmap_bin: mmap format: map the `.bin` (False: plain file reads, Megatron's --no-mmap-bin-files).
 
     Attributes:
         prefix: the dataset's path as given (mmap: the prefix without `.bin`/`.idx`); names cache files.
@@ -41,9 +42,9 @@ class TokenSource:
         IndexFormatError, ShardFormatError: the files are missing or damaged (one line naming the file).
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, mmap_bin: bool = True) -> None:
         self.format = format_of(str(path))
-        self.reader = open_reader(str(path), self.format)
+        self.reader = open_reader(str(path), self.format, mmap_bin=mmap_bin)
         # IndexedDataset strips `.bin`/`.idx`; a folder loses a trailing "/" (its basename names cache files).
         self.prefix = self.reader.prefix if self.format == "mmap" else os.path.normpath(str(path))
         self.sequence_lengths = self.reader.sequence_lengths

@@ -1,6 +1,12 @@
 """The layout's import rules, read from the source (ast), with no exception: data flows one way,
 `indexed_dataset` <- `preprocess`, `samplers` <- `trainer`, and nothing imports `benchmarks`; inside a
-room no module imports itself back (a registry and its members share types through a third module)."""
+room no module imports itself back (a registry and its members share types through a third module).
+
+Inside `trainer/` imports run one way between its folders too: no two folders (packages; each top-level
+module counts as its own) import each other, around any loop. The model families (`trainer/models/<family>/`)
+import the core; the core never imports a family, the registry (`trainer.models`) or anything that does:
+the entry layers at the top (`TRAINER_ENTRIES`: the CLIs, the Python API, `train()`) hand the registry's
+specs down. No module outside `trainer/models/` imports a family's module."""
 
 from __future__ import annotations
 
@@ -12,6 +18,9 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ROOMS = ("indexed_dataset", "preprocess", "samplers", "trainer")
 OURS = (*ROOMS, "benchmarks", "tests")
+# The top of `trainer/`: the modules that may import the registry and hand its specs down to the core.
+TRAINER_ENTRIES = ("trainer", "trainer.cli", "trainer.api", "trainer.train")
+REGISTRY = "trainer.models"
 # What each room may import of ours, besides itself (module prefixes).
 ALLOWED = {
     "indexed_dataset": (),
@@ -122,3 +131,74 @@ def test_the_checks_see_a_cycle_and_a_relative_import():
     assert _cycle({"a": {"b"}, "b": set()}) is None
     module = ROOT / "indexed_dataset" / "arrow.py"
     assert "indexed_dataset.rows" in _imported("indexed_dataset.arrow", module)
+
+
+def _folder(name: str) -> str | None:
+    """The folder (package) under `trainer/` of a trainer module; None for `trainer/`'s own top level (`train`,
+    `config`, `errors`: modules, not folders, which the other rules cover)."""
+    path = _modules()[name]
+    folder = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    return folder if folder != "trainer" else None
+
+
+def _folder_graph() -> dict[str, set[str]]:
+    """Folder of `trainer/` -> the other folders its modules import."""
+    graph: dict[str, set[str]] = {}
+    for name, targets in _graph().items():
+        if _is_under(name, "trainer") and (folder := _folder(name)) is not None:
+            graph.setdefault(folder, set()).update(
+                _folder(t) for t in targets if _is_under(t, "trainer") and _folder(t) not in (None, folder))
+    return graph
+
+
+def _families() -> list[str]:
+    return sorted(f"{REGISTRY}.{path.parent.name}" for path in (ROOT / "trainer" / "models").glob("*/__init__.py"))
+
+
+def _is_core(name: str) -> bool:
+    return _is_under(name, "trainer") and not _is_under(name, REGISTRY) and not any(
+        name == entry if entry in ("trainer", "trainer.train") else _is_under(name, entry) for entry in TRAINER_ENTRIES)
+
+
+def test_no_two_folders_of_the_trainer_import_each_other():
+    cycle = _cycle(_folder_graph())
+    assert cycle is None, "folders import each other: " + " -> ".join(cycle)
+
+
+def _reached(graph: dict[str, set[str]], name: str) -> set[str]:
+    """Every module that importing ``name`` imports, itself included."""
+    seen, todo = {name}, [name]
+    while todo:
+        for target in graph[todo.pop()] - seen:
+            seen.add(target)
+            todo.append(target)
+    return seen
+
+
+def test_the_core_never_imports_the_registry_or_a_family_even_through_another_module():
+    graph = _graph()
+    broken = []
+    for name in sorted(n for n in graph if _is_core(n)):
+        for target in sorted(graph[name]):
+            registry = sorted(t for t in _reached(graph, target) if _is_under(t, REGISTRY))
+            if registry:
+                broken.append(f"{_modules()[name].relative_to(ROOT)} imports {target}"
+                              + ("" if target == registry[0] else f", which imports {registry[0]}"))
+    assert not broken, "\n".join(broken)
+
+
+def test_no_module_outside_the_models_folder_imports_a_family():
+    families = _families()
+    assert {"trainer.models.gpt", "trainer.models.t5", "trainer.models.bert"} <= set(families)
+    broken = [f"{path.relative_to(ROOT)} imports {target}" for name, path in _modules().items()
+              if not _is_under(name, REGISTRY)
+              for target in sorted(_imported(name, path)) if any(_is_under(target, f) for f in families)]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_folder_checks_see_a_two_way_import():
+    assert _cycle({"trainer.checkpoint": {"trainer.models"}, "trainer.models": {"trainer.checkpoint"}}) is not None
+    assert _folder("trainer.parallel.dims") == "trainer.parallel" and _folder("trainer.config") is None
+    assert _folder("trainer.models.gpt") == "trainer.models.gpt" and _folder("trainer.models") == "trainer.models"
+    assert _is_core("trainer.parallel.dims") and _is_core("trainer.config")
+    assert not _is_core("trainer.cli.train") and not _is_core("trainer.models.gpt.spec") and not _is_core("trainer.train")

@@ -29,10 +29,17 @@ from samplers.errors import BlendFormatError, SplitFormatError
 from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
 from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_blend, parse_split
 from trainer.errors import ModelFileError, TrainConfigError
+from trainer.optim.batch_size_schedule import (
+    BatchSizeSchedule,
+    RampupBatchSize,
+    parse_step_batch_size_schedule,
+    train_iters_for_samples,
+)
 from trainer.optim.lr_schedule import LR_DECAY_STYLES, LR_WSD_DECAY_STYLES, WD_INCR_STYLES, ParamScheduler, count_text
-from trainer.models import FAMILIES
+from trainer.moe.router import LOAD_BALANCING_TYPES, ROUTER_DTYPES
+from trainer.parallel.attention_backend import ATTENTION_BACKENDS
+from trainer.parallel.recompute import RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS, Recompute
 
-MODEL_KINDS = tuple(FAMILIES)
 # T5's MLP kinds (Hugging Face's feed_forward_proj): v1.0's ReLU, v1.1/mT5's gated GELU.
 FEED_FORWARD_KINDS = ("relu", "gated-gelu")
 # Megatron's default: the loss scale starts at 2**32 and halves on every overflow until it fits.
@@ -41,6 +48,21 @@ DEFAULT_INITIAL_LOSS_SCALE = 2.0**32
 DEFAULT_TRAIN_ITERS = 100
 # Megatron's --make-vocab-size-divisible-by default.
 DEFAULT_DIVISIBLE_BY = 128
+# Megatron's --normalization and --position-embedding-type choices that the GPT decoder implements.
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+POSITION_EMBEDDING_TYPES = ("learned_absolute", "rope", "none")
+# Megatron's validate_args: a SwiGLU MLP without --ffn-hidden-size is 2/3 of the 4 x hidden GELU MLP (two
+# input projections instead of one keep the parameter count), rounded down to a multiple of 64.
+SWIGLU_FFN_MULTIPLE = 64
+# The `ModelConfig` fields of the decoder's Llama-class options (a family without them lists them unused).
+DECODER_OPTION_FIELDS = ("normalization", "apply_layernorm_1p", "swiglu", "position_embedding_type",
+                         "no_position_embedding", "rotary_base", "rotary_percent",
+                         "rotary_seq_len_interpolation_factor", "use_rope_scaling", "rope_scaling_factor",
+                         "group_query_attention", "num_query_groups", "disable_bias_linear",
+                         "add_qkv_bias", "qk_layernorm")
+# Megatron's GPT data flags that follow the documents inside a sample (the samplers' GPTDatasetConfig fields of
+# the same names); the other families' samples have their own document structure.
+DOCUMENT_FIELDS = ("reset_position_ids", "reset_attention_mask", "eod_mask_loss")
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +94,10 @@ def _number(value: float | None) -> str:
     return str(int(value)) if value is not None and float(value).is_integer() else str(value)
 
 
+# Megatron's fp8 choices (TransformerConfig), so that its scripts reach the one-line fp8 refusal.
+FP8_FORMATS = ("e4m3", "hybrid")
+FP8_RECIPES = ("tensorwise", "delayed", "mxfp8", "blockwise", "custom")
+FP8_AMAX_COMPUTE_ALGOS = ("most_recent", "max")
 AT_LEAST_ONE = Range(1)
 POSITIVE = Range(0, low_open=True)
 NON_NEGATIVE = Range(0)
@@ -81,17 +107,28 @@ FRACTION = Range(0, 1)
 SEED_RANGE = Range(0, SEED_MAX)
 # 0 = any free port (single node only, checked in LaunchConfig).
 PORT_RANGE = Range(0, 65535)
+# The signals --exit-signal-handler may catch (Megatron's --exit-signal takes any signal name; these are the ones
+# a scheduler or a user sends to ask a run to leave).
+EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 # Seconds a node waits at start-up for the others: Megatron's --distributed-timeout-minutes default.
 DEFAULT_DIST_TIMEOUT_S = 600
+# Minutes a collective waits for the other ranks before the run ends: Megatron's --distributed-timeout-minutes
+# default.
+DEFAULT_DISTRIBUTED_TIMEOUT_MINUTES = 10.0
 
 
 def flag(default: Any = None, *aliases: str, choices: tuple[str, ...] | None = None, nargs: str | None = None,
          valid: Range | None = None, env: tuple[str, ...] = (),
-         grammar: Callable[[Any], str | None] | None = None) -> Any:
+         grammar: Callable[[Any], str | None] | None = None, same_math: str | None = None) -> Any:
     """A dataclass field with extra command-line spellings (``--lr`` also as ``--learning-rate``), its valid
     range (numbers), the environment variables that give the ``train`` flag's default (first set wins), and
-    the check of a string value's grammar (returns the problem, or None; its section runs it too)."""
-    metadata = {"aliases": aliases, "choices": choices, "nargs": nargs, "valid": valid, "env": env, "grammar": grammar}
+    the check of a string value's grammar (returns the problem, or None; its section runs it too).
+
+    ``same_math``: the field is a Megatron switch accepted so that Megatron's scripts run, whose every value
+    computes what this trainer computes anyway; the text says why (``--help`` prints it). Nothing reads
+    such a field."""
+    metadata = {"aliases": aliases, "choices": choices, "nargs": nargs, "valid": valid, "env": env, "grammar": grammar,
+                "same_math": same_math}
     if isinstance(default, list):
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -111,7 +148,10 @@ def check_ranges(section: object) -> None:
 
 
 def _field_problem(f: Field, value: Any) -> str | None:
-    """What is wrong with ``value`` (of the field's type) for field ``f`` on its own, or None."""
+    """What is wrong with ``value`` (of the field's type; a list: each of its items) for field ``f`` on its own,
+    or None."""
+    if isinstance(value, list):
+        return next((problem for item in value if (problem := _field_problem(f, item)) is not None), None)
     valid, choices = f.metadata.get("valid"), f.metadata.get("choices")
     if isinstance(value, float) and not math.isfinite(value):
         return f"must be a finite number, got {value}"
@@ -192,7 +232,7 @@ def _value_problem(value: Any, f: Field) -> str | None:
 class ModelConfig:
     """Model kind and shape (T5 adds the t5 section)."""
 
-    model: str = flag("gpt", choices=MODEL_KINDS)
+    model: str = "gpt"
     """Model kind: gpt (decoder only), t5 (encoder-decoder, span corruption on sentence-split data) or bert
     (encoder, masked LM + sentence order on sentence-split WordPiece data)."""
     num_layers: int = flag(12, valid=AT_LEAST_ONE)
@@ -218,26 +258,76 @@ class ModelConfig:
     """Dropout on the attention probabilities."""
     init_method_std: float = flag(0.02, valid=POSITIVE)
     """Standard deviation of the normal weight init (output projections get std/sqrt(2*layers))."""
-    layernorm_epsilon: float = flag(1e-5, valid=POSITIVE)
-    """LayerNorm epsilon (0 or less divides by zero: NaN loss)."""
+    layernorm_epsilon: float = flag(1e-5, "--norm-epsilon", valid=POSITIVE)
+    """Epsilon of the LayerNorm / RMSNorm (0 or less divides by zero: NaN loss)."""
     fused_qkv: bool = flag(False, "--multihead-attention-fusion")
-    """GPT: compute q, k and v with one [3h, h] linear, rows per head (checkpoints keep q, k, v apart)."""
+    """GPT: compute q, k and v with one linear, rows per query group (checkpoints keep q, k, v apart)."""
+    normalization: str = flag("LayerNorm", choices=NORMALIZATIONS)
+    """GPT: the norm of every block, of q/k (qk_layernorm) and before the head: LayerNorm or RMSNorm (Llama)."""
+    apply_layernorm_1p: bool = False
+    """GPT: norm weights stored zero-centred (initialised to 0, scale 1 + weight), as Megatron's Llama 3 example."""
+    swiglu: bool = False
+    """GPT: SwiGLU MLP w2(silu(w1 x) * w3 x) instead of GELU; default ffn_hidden_size int(8 h / 3 / 64) * 64."""
+    position_embedding_type: str = flag("learned_absolute", choices=POSITION_EMBEDDING_TYPES)
+    """GPT: learned_absolute (GPT-2's table), rope (rotary q/k, no table) or none."""
+    no_position_embedding: bool = False
+    """GPT: Megatron's deprecated switch for no learned table: accepted with position_embedding_type rope only."""
+    rotary_base: int = flag(10000, valid=AT_LEAST_ONE)
+    """GPT rope: base of the rotary frequencies (Llama 2: 10000, Llama 3: 500000)."""
+    rotary_percent: float = flag(1.0, valid=Range(0, 1, low_open=True))
+    """GPT rope: fraction of each head's channels rotated (the rest pass through)."""
+    rotary_seq_len_interpolation_factor: int | None = flag(None, valid=AT_LEAST_ONE)
+    """GPT rope: linear position interpolation, rotary positions divided by this factor."""
+    use_rope_scaling: bool = False
+    """GPT rope: Llama 3.1's frequency scaling (low frequencies divided by rope_scaling_factor, smooth between)."""
+    rope_scaling_factor: float = flag(8.0, valid=POSITIVE)
+    """GPT rope with use_rope_scaling: the factor of Llama 3.1's frequency scaling."""
+    group_query_attention: bool = False
+    """GPT: grouped-query attention, num_query_groups key/value heads shared by the query heads."""
+    num_query_groups: int | None = flag(None, valid=AT_LEAST_ONE)
+    """GPT with group_query_attention: key/value heads (1: multi-query); default 1 (Megatron's)."""
+    disable_bias_linear: bool = False
+    """GPT: no biases in the attention and MLP linears (Llama)."""
+    add_qkv_bias: bool = False
+    """GPT: biases on q, k and v even with disable_bias_linear (Qwen2)."""
+    qk_layernorm: bool = False
+    """GPT: normalize q and k per head (the model's normalization) before rotary embedding (Qwen3)."""
 
     def __post_init__(self) -> None:
         if self.fused_qkv and self.model != "gpt":
             raise TrainConfigError(f"fused_qkv applies to model gpt only, not {self.model}")
         check_ranges(self)
+        self._check_decoder_options()
         if self.hidden_size % self.num_attention_heads:
             raise TrainConfigError(f"hidden_size ({self.hidden_size}) is not divisible by "
                                    f"num_attention_heads ({self.num_attention_heads})")
         if self.ffn_hidden_size is None:
-            self.ffn_hidden_size = 4 * self.hidden_size
+            self.ffn_hidden_size = (int(4 * self.hidden_size * 2 / 3 / SWIGLU_FFN_MULTIPLE) * SWIGLU_FFN_MULTIPLE
+                                    if self.swiglu else 4 * self.hidden_size)
         # max_position_embeddings stays None when not given: what it must cover is the family's (its
         # layout_rules check it), and T5's lengths are not seq_length.
 
     def positions(self) -> int:
         """Rows of a learned position table: max_position_embeddings, default seq_length."""
         return self.max_position_embeddings or self.seq_length
+
+    def _check_decoder_options(self) -> None:
+        """The GPT decoder options that depend on each other (Megatron's validate_args rules)."""
+        if self.no_position_embedding and self.position_embedding_type != "rope":
+            # Megatron: "--no-position-embedding is deprecated, use --position-embedding-type".
+            raise TrainConfigError("no_position_embedding is deprecated: use position_embedding_type none (or rope)")
+        if self.num_query_groups is not None and not self.group_query_attention:
+            raise TrainConfigError(f"num_query_groups ({self.num_query_groups}) needs group_query_attention")
+        groups = self.query_groups()
+        if self.num_attention_heads % groups:
+            raise TrainConfigError(f"num_attention_heads ({self.num_attention_heads}) is not divisible by "
+                                   f"num_query_groups ({groups})")
+
+    def query_groups(self) -> int:
+        """Key/value heads: num_query_groups (default 1) with group_query_attention, else one per query head."""
+        if not self.group_query_attention:
+            return self.num_attention_heads
+        return self.num_query_groups or 1
 
 
 @dataclass(kw_only=True, slots=True)
@@ -260,17 +350,44 @@ class DataConfig:
     """Directory for the sample index caches; default beside the data."""
     seed: int = flag(1234, valid=SEED_RANGE)
     """Seed of the model init, the data shuffle and dropout."""
-    tokenizer_type: str = "GPT2BPETokenizer"
-    """Tokenizer kind (for the EOD id and the vocabulary size)."""
+    tokenizer_type: str | None = None
+    """Tokenizer kind (for the EOD id and the vocabulary size); default per model, as Megatron's pretrain
+    scripts set it: GPT2BPETokenizer for gpt, BertWordPieceLowerCase for t5 and bert."""
     vocab_file: str | None = flag(None, "--vocab")
     """Tokenizer vocabulary file."""
     merge_file: str | None = None
     """BPE merges file."""
     tokenizer_model: str | None = None
     """SentencePiece / HF tokenizer model file."""
+    reset_position_ids: bool = False
+    """GPT (Megatron's): position ids restart at 0 after every EOD token of a sample (needs the tokenizer's EOD)."""
+    reset_attention_mask: bool = False
+    """GPT (Megatron's): a token attends only to the earlier tokens of its own document in the sample (the
+    attention runs with a [seq, seq] mask per sample instead of the causal kernel; not with pipelining)."""
+    eod_mask_loss: bool = False
+    """GPT (Megatron's): no loss at positions whose input token is EOD (the prediction across documents)."""
+    no_create_attention_mask_in_dataloader: bool = False
+    """Megatron's: batches carry no causal mask, the attention kernel applies it. Ours never carry one, so this
+    changes nothing; with --reset-attention-mask it is refused (Megatron would then drop the document mask)."""
+    num_workers: int = flag(2, valid=NON_NEGATIVE,
+                            same_math="batches are read ahead by one background thread of the trainer (trainer.data."
+                                      "batches), which yields the same batches in the same order for any number")
+    """Megatron: the DataLoader's worker processes (its default 2)."""
+    mock_data: bool = False
+    """Megatron's synthetic tokens (MockGPTDataset): refused (not implemented); give a dataset."""
+    no_mmap_bin_files: bool = False
+    """Megatron's: read each .bin with plain file reads (one per sample piece) instead of a memory map, for file
+    systems where maps are slow; the same tokens. (GPT's data; other families' data refuse it.)"""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.mock_data:
+            raise TrainConfigError("mock_data is not implemented: train reads its tokens from a dataset (give "
+                                   "data_path)")
+        if self.reset_attention_mask and self.no_create_attention_mask_in_dataloader:
+            raise TrainConfigError("reset_attention_mask needs the per-sample mask that "
+                                   "no_create_attention_mask_in_dataloader leaves out (Megatron would silently "
+                                   "train with plain causal attention): give one of the two")
         if self.dataset and self.data_path:
             raise TrainConfigError("give either `dataset` or `data_path`, not both")
         if self._check_per_split_paths():
@@ -369,9 +486,14 @@ class TrainingConfig:
     """Samples to train for, instead of train_iters (needs global_batch_size; the steps are the whole global
     batches): the lr_*_samples flags then size the learning-rate schedule."""
     rampup_batch_size: list[int] | None = flag(None, nargs=3)
-    """Megatron's START INCR SAMPLES batch-size ramp: refused, a changing global batch is not supported yet."""
+    """Megatron's START INCR SAMPLES ramp: the global batch starts at START samples and grows by INCR in equal
+    intervals of the first SAMPLES consumed samples up to global_batch_size (needed); the learning-rate schedule
+    counts the samples each step takes. Not with pipelining (its schedule has a fixed micro-batch count)."""
     step_batch_size_schedule: str | None = flag(None)
-    """Megatron's THRESHOLD:BS batch-size schedule: refused, a changing global batch is not supported yet."""
+    """Megatron's "THRESHOLD:BS ..." schedule (K/M/B/T suffixes): from THRESHOLD consumed tokens (seq_length
+    per sample) on, the global batch is BS samples; the learning-rate schedule counts the samples each step
+    takes. global_batch_size, if given (Megatron's GPT-3 example gives both; Megatron's HEAD refuses the pair),
+    sizes the evaluations and the iteration-based schedule lengths. Not with pipelining."""
     device: str | None = flag(None, choices=("cpu", "cuda"))
     """Device kind; default cuda when available."""
     checkpoint_activations: bool = False
@@ -381,23 +503,42 @@ class TrainingConfig:
     deepspeed_config: str | None = flag(None, "--deepspeed_config")
     """DeepSpeed JSON config whose batch, precision, ZeRO, optimiser and scheduler keys set our flags
     (`trainer.cli.deepspeed_config`); flags on the command line win."""
+    exit_interval: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Megatron's: after the step whose iteration is divisible by this, save (with --save) and exit with code 0."""
+    exit_duration_in_mins: float | None = flag(None, valid=POSITIVE)
+    """Megatron's: after the first step that ends this many minutes after the run started, save (with --save) and
+    exit with code 0; the ranks agree (the longest elapsed time counts), so all stop at the same step."""
+    exit_signal_handler: bool = False
+    """Megatron's: on --exit-signal (a Slurm --signal=TERM@120 before the time limit, a preemption) every rank
+    finishes the step in flight, the run saves (with --save) and exits with code 0; the launcher of several
+    processes passes the signal on to its workers."""
+    exit_signal: str = flag("SIGTERM", choices=EXIT_SIGNALS)
+    """Megatron's: the signal --exit-signal-handler catches."""
+    calculate_per_token_loss: bool = False
+    """Megatron's loss summed over the global batch's tokens and divided by their count: refused (not
+    implemented); train's loss is Megatron's default, each micro-batch's mean over its tokens, averaged."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        for name in ("rampup_batch_size", "step_batch_size_schedule"):
-            if getattr(self, name) is not None:
-                # The schedules' math is `trainer.optim.batch_size_schedule`; the step loop and the data order do not
-                # yet change the number of micro-batches between steps.
-                raise TrainConfigError(f"{name}: a global batch that changes during the run is not supported by "
-                                       "train yet")
+        if self.calculate_per_token_loss:
+            raise TrainConfigError("calculate_per_token_loss is not implemented: train averages each micro-batch's "
+                                   "per-token mean (Megatron's default); drop the flag for that loss")
+        if self.rampup_batch_size is not None and self.step_batch_size_schedule is not None:
+            raise TrainConfigError("give either rampup_batch_size or step_batch_size_schedule, not both")
+        if self.rampup_batch_size is not None and self.global_batch_size is None:
+            raise TrainConfigError("rampup_batch_size needs global_batch_size (the batch the ramp ends at)")
+        if self.exit_signal != "SIGTERM" and not self.exit_signal_handler:
+            raise TrainConfigError(f"exit_signal {self.exit_signal} needs exit_signal_handler")
         if self.train_samples is None:
             if self.train_iters is None:
                 self.train_iters = DEFAULT_TRAIN_ITERS
             return
+        if self.rampup_batch_size is not None or self.step_batch_size_schedule is not None:
+            return  # the steps follow the schedule's batches (`TrainConfig.__post_init__`)
         if self.global_batch_size is None:
             raise TrainConfigError("train_samples needs global_batch_size (the steps it makes are "
                                    "train_samples // global_batch_size)")
-        # Megatron's `update_train_iters`: whole batches only.
+        # Megatron's `update_train_iters`: whole batches only (a ramp's steps: `TrainConfig.batch_size_schedule`).
         iterations = self.train_samples // self.global_batch_size
         if iterations < 1:
             raise TrainConfigError(f"train_samples ({self.train_samples}) is less than one global batch "
@@ -425,10 +566,48 @@ class PrecisionConfig:
     """fp16: the scale never drops below this."""
     loss_scale: float | None = flag(None, valid=POSITIVE)
     """fp16: a static loss scale (Megatron's; a positive power of 2 is exact); default: dynamic scaling."""
+    no_check_for_nan_in_loss_and_grad: bool = False
+    """Megatron's: without it (the default, as Megatron) a NaN or infinite loss, or gradient norm where no loss
+    scaler owns overflows (fp16 or a static loss_scale skip such steps), stops the run with one line naming the
+    iteration and the rank; with it such a step is skipped and counted, with a warning."""
+    accumulate_allreduce_grads_in_fp32: bool = False
+    """Megatron's: accumulate and reduce the gradients in fp32. Ours always are (the parameters stay fp32 under
+    autocast, FSDP2 reduces in fp32), so this changes nothing."""
+    disable_bf16_reduced_precision_matmul: bool = False
+    """Megatron's: CUDA bf16 matmuls accumulate in fp32 only (torch.backends.cuda.matmul.
+    allow_bf16_reduced_precision_reduction = False, for the whole process); no effect on a CPU."""
+    attention_softmax_in_fp32: bool = flag(False, same_math="every attention here takes its softmax in float32 "
+                                                        "under bf16 and fp16: SDPA's math kernel upcasts (torch's "
+                                                        "fp16_bf16_reduction_math_sdp_allowed() is False), its "
+                                                        "flash, memory-efficient and cuDNN kernels accumulate in "
+                                                        "float32, and the keyed-dropout attention calls softmax "
+                                                        "with dtype float32")
+    """Megatron: the unfused attention's softmax in fp32 under bf16/fp16."""
+    fp8_format: str | None = flag(None, choices=FP8_FORMATS)
+    """Megatron's fp8 compute (Transformer Engine): refused (see fp8_param_gather)."""
+    fp8_recipe: str | None = flag(None, choices=FP8_RECIPES)
+    """Megatron's fp8 scaling recipe: refused (see fp8_param_gather)."""
+    fp8_margin: int | None = flag(None, valid=NON_NEGATIVE)
+    """Megatron's fp8 scaling margin: refused (see fp8_param_gather)."""
+    fp8_interval: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Megatron's fp8 scaling-update interval: refused (see fp8_param_gather)."""
+    fp8_amax_history_len: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Megatron's fp8 amax history length: refused (see fp8_param_gather)."""
+    fp8_amax_compute_algo: str | None = flag(None, choices=FP8_AMAX_COMPUTE_ALGOS)
+    """Megatron's fp8 amax algorithm: refused (see fp8_param_gather)."""
+    fp8_param_gather: bool = False
+    """Megatron's fp8 parameters and all-gather. Every fp8_* flag is refused in one line: fp8 needs NVIDIA
+    Transformer Engine on a Hopper-or-newer GPU; this trainer computes in bf16, fp16 or fp32."""
 
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
             raise TrainConfigError("bf16 and fp16 are mutually exclusive")
+        # `is not`: fp8_margin 0 is given too (0 == False).
+        fp8 = next((f.name for f in fields(self) if f.name.startswith("fp8_") and getattr(self, f.name) is not None
+                    and getattr(self, f.name) is not False), None)
+        if fp8 is not None:
+            raise TrainConfigError(f"`{fp8}`: fp8 needs NVIDIA Transformer Engine on a Hopper-or-newer GPU; this "
+                                   "trainer computes in bf16, fp16 or fp32 (use bf16)")
         check_ranges(self)
         # Megatron's rules: a static scale applies with fp16 or bf16 (its ConstantGradScaler); fp32 would ignore
         # it. Its DynamicGradScaler asserts min_scale <= initial_scale.
@@ -590,6 +769,9 @@ class ParallelismConfig:
     """Pipeline-parallel degree (layers split into stages); 0 means 1, as CPM-Pretrain's --pipe-parallel-size."""
     pipeline_schedule: str = flag("1f1b", choices=("1f1b", "gpipe", "interleaved"))
     """Pipeline schedule."""
+    context_parallel_size: int = flag(1, valid=AT_LEAST_ONE)
+    """Context-parallel degree (Megatron's --context-parallel-size): each sequence split over this many ranks
+    (2 x this many chunks, Megatron's load-balanced layout), keys and values all-gathered in attention."""
     num_layers_per_virtual_pipeline_stage: int | None = flag(None, valid=AT_LEAST_ONE)
     """Interleaved schedule: layers per model chunk."""
     sequence_parallel: bool = False
@@ -603,6 +785,20 @@ class ParallelismConfig:
     cpu_offload: bool = flag(False, "--cpu_adam")
     """Keep the optimiser state and master weights on the CPU and step there (DeepSpeed's offload_optimizer,
     ZeRO-Offload); needs zero_stage >= 1."""
+    overlap_grad_reduce: bool = False
+    """Megatron: reduce the data-parallel gradients while the backward pass runs. DDP (data parallelism alone at
+    ZeRO 0-1) and FSDP2 (ZeRO 2-3) do so here bucket by bucket / block by block (with or without this flag);
+    with tensor or pipeline parallelism at ZeRO 0-1 the gradients are averaged after the backward pass (the
+    same result, not overlapped: a warning says so)."""
+    overlap_param_gather: bool = False
+    """Megatron: all-gather the sharded parameters while the forward pass runs (with overlap_grad_reduce and a
+    sharded optimiser, Megatron's rules). FSDP2 (ZeRO 2-3) prefetches the next block's parameters here;
+    ZeRO 1 all-gathers them after the optimiser step (the same result, not overlapped: a warning says so)."""
+    grad_reduce_in_bf16: bool = False
+    """Megatron's (with bf16): the data-parallel gradients are reduced in bfloat16 (half the traffic, bf16
+    rounding of every reduced gradient), then the optimiser steps fp32 weights as before: FSDP2's reduce_dtype,
+    DDP's bf16_compress_hook, the averaging after the backward pass (TP/PP) in bf16. Not with expert
+    parallelism (the experts' own reduction stays fp32)."""
     keyed_dropout: bool = False
     """Draw dropout masks from a hash of (seed, sample, layer, position, head/feature) instead of the random
     stream, so that every tensor/pipeline/data-parallel layout drops the same elements and gives the same
@@ -627,6 +823,9 @@ class ParallelismConfig:
                                    f"({self.pipeline_model_parallel_size}) > 1: use zero_stage 0 or 1")
         if self.cpu_offload and self.zero_stage == 0:
             raise TrainConfigError("cpu_offload needs zero_stage >= 1 (DeepSpeed's offload_optimizer is a ZeRO option)")
+        if self.overlap_param_gather and not (self.overlap_grad_reduce and self.zero_stage >= 1):
+            raise TrainConfigError("overlap_param_gather needs overlap_grad_reduce and use_distributed_optimizer "
+                                   "(or zero_stage >= 1), as Megatron")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -645,6 +844,13 @@ class LaunchConfig:
     """Rendezvous port on node 0 (0 = any free port, single node only)."""
     dist_timeout: int = flag(DEFAULT_DIST_TIMEOUT_S, valid=AT_LEAST_ONE)
     """Seconds each node waits at start-up for the others before giving up with one line."""
+    distributed_timeout_minutes: float = flag(DEFAULT_DISTRIBUTED_TIMEOUT_MINUTES, valid=POSITIVE)
+    """Megatron's: minutes a collective (an all-reduce, a pipeline send) waits for the other ranks; past it the
+    run ends with one line naming the rank that waited and the last completed iteration (then --max-restarts
+    applies). Fractions of a minute are accepted (0.05 = 3 s), unlike Megatron's whole minutes."""
+    max_restarts: int = flag(0, valid=NON_NEGATIVE)
+    """torchrun's: when a process dies, stop all of them and start them again, up to this many times; each
+    restart resumes from the latest complete checkpoint of --save (the same data order)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -654,6 +860,11 @@ class LaunchConfig:
         self.master_addr = self.master_addr.split(",")[0].strip()
         if not 0 <= self.node_rank < self.num_nodes:
             raise TrainConfigError(f"node_rank ({self.node_rank}) must be in [0, num_nodes={self.num_nodes})")
+
+
+# Megatron's --ckpt-format names: ours (torch.distributed.checkpoint directories), and its legacy per-rank files.
+CKPT_FORMAT = "torch_dist"
+LEGACY_CKPT_FORMAT = "torch"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -674,13 +885,47 @@ class CheckpointConfig:
     """Start a fresh run in --save although it holds another run (checkpoints, metrics.jsonl) that this one does
     not resume (--load elsewhere or none): that run's iterations, pointer, model_config.json, tokenizer files and
     metrics.jsonl are deleted first (other files are kept). Without it such a --save is refused."""
+    keep_last_checkpoints: int | None = flag(None, valid=AT_LEAST_ONE)
+    """torchtitan's keep_latest_k: after a checkpoint is complete, remove the older ones of --save but the
+    latest K (never the one the run loaded from); default: keep all."""
+    async_save: bool = False
+    """Megatron's: write each checkpoint in the background while the steps go on (the state is first copied
+    to CPU memory); a save waits for the previous one, the run's end for the last, and a checkpoint is the
+    latest only once complete."""
+    no_load_optim: bool = False
+    """Megatron's: resume the weights, iteration and consumed samples of --load, but start the optimiser state,
+    the fp16 loss scale and the learning-rate schedule afresh (step 0 of the schedule)."""
+    no_load_rng: bool = False
+    """Megatron's: do not restore the random-number generators' states of --load (dropout draws anew)."""
+    finetune: bool = False
+    """Megatron's: take only the weights of --load; the iteration, consumed samples, optimiser, schedule and
+    random states start afresh (iteration 0)."""
+    no_save_optim: bool = False
+    """Megatron's: checkpoints hold no optimiser state, loss scale or schedule (smaller); a run resuming from one
+    starts those afresh, as with --no-load-optim."""
+    no_save_rng: bool = False
+    """Megatron's: checkpoints hold no random-number generator states."""
+    ckpt_format: str = flag(CKPT_FORMAT, choices=(CKPT_FORMAT, LEGACY_CKPT_FORMAT))
+    """Megatron's checkpoint format: torch_dist (ours: torch.distributed.checkpoint directories; any layout
+    reads any other). torch (Megatron's per-rank model_optim_rng.pt files) is refused: train neither writes
+    nor reads it."""
+    auto_detect_ckpt_format: bool = False
+    """Megatron's: find the format of --load from its files. Ours always does, so this changes nothing: a
+    torch_dist checkpoint loads, a Megatron torch-format one (mp_rank_*/model_optim_rng.pt) is refused in one
+    line naming it."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
+        if self.ckpt_format == LEGACY_CKPT_FORMAT:
+            raise TrainConfigError(f"ckpt_format {LEGACY_CKPT_FORMAT} (Megatron's per-rank model_optim_rng.pt files) "
+                                   f"is not supported: train writes and reads {CKPT_FORMAT} checkpoints only")
         if self.load is not None and self.load_hf is not None:
             # Megatron has one --load; which weights the run would start from is not for us to guess.
             raise TrainConfigError("give `load` (a checkpoint to resume) or `load_hf` (a Hugging Face model to start "
                                    "from), not both")
+        for name in ("keep_last_checkpoints", "async_save"):
+            if getattr(self, name) and self.save is None:
+                raise TrainConfigError(f"{name} needs `save` (the directory checkpoints are written into)")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -691,7 +936,8 @@ class LoggingConfig:
     """Log a training line every this many steps."""
     eval_interval: int = flag(DEFAULT_EVAL_INTERVAL, valid=AT_LEAST_ONE)
     """Evaluate on the valid split every this many steps (a split without a valid share: never, with a
-    warning)."""
+    warning). Not given, Megatron-LM's arguments.py evaluated every 1000 steps too (ours); its config
+    dataclasses (2026) default it to None: no evaluation during training, only the one after it."""
     eval_iters: int = flag(DEFAULT_EVAL_ITERS, valid=NON_NEGATIVE)
     """Global batches per evaluation (0 = no evaluation)."""
     tensorboard_dir: str | None = None
@@ -701,11 +947,14 @@ class LoggingConfig:
     print_memory: bool = flag(False, "--print_memory")
     """After the first step, log each rank's bytes in parameters, gradients and optimiser state (device and
     CPU apart) and its peak memory, and write a memory record to the metrics file."""
-    timing_log_level: int = flag(0, valid=Range(0, 1))
+    timing_log_level: int = flag(0, valid=Range(0, 2))
     """Megatron's flag. 0: the log line times whole steps; 1: also each phase, as Megatron's level-1 timers and
     DeepSpeed's wall_clock_breakdown: forward+backward (with the data-parallel gradient reduction that
     overlaps it), gradient norm and clipping, optimiser step, data wait; in ms per step, in the log line and
-    the metrics file (the device is synchronised at each phase boundary, which costs some overlap)."""
+    the metrics file (the device is synchronised at each phase boundary, which costs some overlap). 2: also
+    Megatron's level-2 forward-compute and backward-compute, summed over the micro-batches (a device sync
+    around each: slower); a pipelined run has no such split (its schedule interleaves them with the stage
+    sends, which Megatron's level 2 times and ours cannot), so it logs level 1's phases."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -722,8 +971,8 @@ class T5Config:
     decoder_seq_length: int = flag(128, "--dec-seq-length", valid=AT_LEAST_ONE)
     """Decoder positions per sample (CPM-Pretrain: --dec-seq-length)."""
     kv_channels: int | None = flag(None, "--kv-hidden-size", valid=AT_LEAST_ONE)
-    """Channels per attention head (T5's d_kv; CPM-Pretrain: --kv-hidden-size); default hidden_size /
-    num_attention_heads."""
+    """Channels per attention head (T5's d_kv, a GPT's head dim (Megatron's Llama 3 example); CPM-Pretrain:
+    --kv-hidden-size); default hidden_size / num_attention_heads."""
     decoder_num_layers: int | None = flag(None, valid=AT_LEAST_ONE)
     """Decoder blocks; default num_layers (the encoder's)."""
     vocab_extra_ids: int = flag(100, valid=NON_NEGATIVE)
@@ -731,7 +980,8 @@ class T5Config:
     feed_forward_proj: str = flag("relu", choices=FEED_FORWARD_KINDS)
     """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
     untie_embeddings_and_output_weights: bool = False
-    """Separate LM head (v1.1, mT5); tied heads scale the decoder output by hidden_size**-0.5 (v1.0)."""
+    """Separate LM head (T5 v1.1, mT5, a GPT such as Llama); tied T5 heads scale the decoder output by
+    hidden_size**-0.5 (v1.0)."""
     scale_decoder_outputs: bool | None = None
     """Scale the decoder output by hidden_size**-0.5 before the head; default: when the head is tied (T5
     v1.0). train --load-hf/--load take it from the model (transformers' mT5 never scales)."""
@@ -789,6 +1039,27 @@ class MoEConfig:
     moe_input_jitter_eps: float | None = flag(None, valid=Range(0, 1, low_open=True, high_open=True))
     """Training: multiply the router's input by uniform(1-eps, 1+eps) noise (Switch; DeepSpeed's
     noisy_gate_policy Jitter); none: no noise."""
+    moe_router_load_balancing_type: str = flag("aux_loss", choices=LOAD_BALANCING_TYPES)
+    """aux_loss: the load-balancing loss over each micro-batch's tokens (Switch/GShard); seq_aux_loss: the mean
+    over its sequences of each sequence's own (DeepSeek-V2); none: no load-balancing loss (Megatron's)."""
+    moe_router_dtype: str = flag("fp32", choices=ROUTER_DTYPES)
+    """What the router's logits, softmax and auxiliary losses compute in: fp32 (also under bf16/fp16) or fp64."""
+    moe_ffn_hidden_size: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Width of each expert's MLP; default ffn_hidden_size."""
+    moe_per_layer_logging: bool = False
+    """Also report each MoE layer's aux and z-loss under its own name (moe_aux_loss/<layer>), in the log line,
+    the metrics file, TensorBoard and W&B."""
+    moe_grouped_gemm: bool = flag(False, same_math="the experts always run as one grouped matrix product per "
+                                                   "projection over the tokens sorted by expert (trainer.moe.experts)")
+    """Megatron: grouped GEMM for the experts."""
+    moe_token_dispatcher_type: str = flag("allgather", choices=("allgather", "alltoall"),
+                                          same_math="each token reaches the same experts and returns in the same "
+                                                    "order either way; under expert parallelism tokens travel by "
+                                                    "all-to-all here")
+    """Megatron: how tokens travel to the experts' ranks."""
+    moe_permute_fusion: bool = flag(False, same_math="tokens are sorted by expert with index_select and summed back "
+                                                     "with index_add, the values a fused permute kernel gives")
+    """Megatron: fused token permutation kernels."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
@@ -804,9 +1075,159 @@ class MoEConfig:
             if unused:
                 raise TrainConfigError(f"{', '.join(unused)} {'needs' if len(unused) == 1 else 'need'} num_experts "
                                        "(a dense model has no MoE layers)")
+        if self.moe_router_load_balancing_type == "none" and self.moe_aux_loss_coeff:
+            raise TrainConfigError(f"moe_aux_loss_coeff ({self.moe_aux_loss_coeff}) weighs a load-balancing loss; "
+                                   "moe_router_load_balancing_type none has none")
         if self.moe_expert_capacity is not None and self.moe_expert_capacity_factor is not None:
             raise TrainConfigError(f"moe_expert_capacity ({self.moe_expert_capacity}) and moe_expert_capacity_factor "
                                    f"({self.moe_expert_capacity_factor}) exclude each other")
+
+
+@dataclass(kw_only=True, slots=True)
+class RecomputeConfig:
+    """Activation recomputation with Megatron's flags and meaning (`trainer.parallel.recompute`)."""
+
+    recompute_activations: bool = False
+    """Megatron's shorthand for recompute_granularity selective."""
+    recompute_granularity: str | None = flag(None, choices=RECOMPUTE_GRANULARITIES)
+    """full: recompute whole layers (recompute_method and recompute_num_layers say which); selective: recompute
+    only each attention's core, softmax(q k^T) v (Megatron's core_attn), in every layer."""
+    recompute_method: str | None = flag(None, choices=RECOMPUTE_METHODS)
+    """Full granularity: uniform recomputes every layer, recompute_num_layers consecutive layers per
+    checkpoint; block recomputes the first recompute_num_layers layers of each pipeline stage, the rest not."""
+    recompute_num_layers: int | None = flag(None, valid=AT_LEAST_ONE)
+    """Full granularity: layers per checkpoint (uniform), or layers recomputed per pipeline stage (block)."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.recompute_activations:
+            if self.recompute_granularity == "full":
+                raise TrainConfigError("recompute_activations means recompute_granularity selective, not full")
+            self.recompute_granularity = "selective"
+        given = [name for name in ("recompute_method", "recompute_num_layers") if getattr(self, name) is not None]
+        # megatron-core's TransformerConfig rules (it ignores both without a granularity; we say so instead).
+        if self.recompute_granularity != "full" and given:
+            raise TrainConfigError(f"{' and '.join(given)} apply to recompute_granularity full only")
+        if self.recompute_granularity == "full" and len(given) < 2:
+            raise TrainConfigError("recompute_granularity full needs recompute_method (uniform or block) and "
+                                   "recompute_num_layers")
+
+    def policy(self, checkpoint_activations: bool) -> Recompute | bool:
+        """What the model recomputes: these flags, else ``--checkpoint-activations`` (True: every layer)."""
+        if self.recompute_granularity is None:
+            return checkpoint_activations
+        return Recompute(self.recompute_granularity, self.recompute_method, self.recompute_num_layers)
+
+
+# Why each of Megatron's kernel switches changes nothing in this trainer (`flag`'s same_math).
+_SDPA = "attention runs in torch's scaled_dot_product_attention (its own fused scale, mask and softmax)"
+_EAGER = "the bias, activation and dropout run as separate PyTorch ops, the math a fused kernel computes"
+_AUTOGRAD = "weight gradients accumulate through autograd into .grad, the sums a fused kernel computes"
+
+
+@dataclass(kw_only=True, slots=True)
+class KernelConfig:
+    """Attention kernels and Megatron's kernel-fusion switches."""
+
+    attention_backend: str = flag("auto", choices=ATTENTION_BACKENDS)
+    """Attention kernel of torch's SDPA (`trainer.parallel.attention_backend`): auto lets torch choose; flash its
+    flash kernel; fused its memory-efficient and cuDNN kernels; unfused and local its math kernel (softmax(q
+    k^T) v in PyTorch ops). One the device does not have is refused before the run starts. (On CUDA the flash
+    kernel takes no attention bias: T5's and BERT's attention need fused, unfused or auto there.)"""
+    use_flash_attn: bool = False
+    """Megatron's older spelling of attention_backend flash."""
+    no_masked_softmax_fusion: bool = flag(False, same_math=_SDPA)
+    """Megatron: no fused scale+mask+softmax kernel."""
+    no_bias_gelu_fusion: bool = flag(False, same_math=_EAGER)
+    """Megatron: no fused bias+GELU kernel."""
+    no_bias_dropout_fusion: bool = flag(False, same_math=_EAGER)
+    """Megatron: no fused bias+dropout+add kernel."""
+    no_gradient_accumulation_fusion: bool = flag(False, same_math=_AUTOGRAD)
+    """Megatron: no fused weight-gradient accumulation (APEX's fused_weight_gradient_mlp_cuda)."""
+    no_rope_fusion: bool = flag(False, same_math="rotary embeddings, where a model has them, are applied by "
+                                                 "PyTorch ops, the rotation a fused kernel applies")
+    """Megatron: no fused rotary-embedding kernel."""
+    cross_entropy_loss_fusion: bool = flag(False, same_math="the loss is torch's cross_entropy over the "
+                                                            "vocabulary (shards), the value a fused kernel gives")
+    """Megatron: a fused cross-entropy kernel."""
+    use_mcore_models: bool = flag(False, same_math="this trainer has one implementation of each model")
+    """Megatron: build megatron-core's models rather than its legacy ones."""
+    transformer_impl: str = flag("local", choices=("local", "transformer_engine"),
+                                 same_math="local is this trainer's PyTorch layers; transformer_engine is refused "
+                                           "(Transformer Engine is not used)")
+    """Megatron: the transformer layers' implementation."""
+    init_model_with_meta_device: bool = flag(False, same_math="every rank always builds the model on the meta "
+                                                              "device, then allocates only its own share")
+    """Megatron: build the model on the meta device first."""
+    empty_unused_memory_level: int = flag(0, valid=Range(0, 2),
+                                          same_math="it only hands the CUDA caching allocator's free blocks back to "
+                                                    "the driver (torch.cuda.empty_cache), which torch reuses anyway; "
+                                                    "no number of the run depends on it")
+    """Megatron: 1 empties the CUDA cache after forward-backward, 2 also after the optimiser step."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        if self.transformer_impl == "transformer_engine":
+            raise TrainConfigError("transformer_impl transformer_engine: Transformer Engine is not used by train; "
+                                   "use transformer_impl local (the same layers in PyTorch)")
+        if self.use_flash_attn:
+            if self.attention_backend not in ("auto", "flash"):
+                raise TrainConfigError(f"use_flash_attn means attention_backend flash, not {self.attention_backend}")
+            self.attention_backend = "flash"
+
+
+@dataclass(kw_only=True, slots=True)
+class ObservabilityConfig:
+    """Megatron's logging, Weights & Biases, profiling, memory-history and garbage-collection flags."""
+
+    log_throughput: bool = flag(False, same_math="the log line always shows tokens/s and TFLOP/s per device (and "
+                                                 "MFU where the device's peak is known)")
+    """Megatron: add the throughput to the log line."""
+    logging_level: int | None = flag(None, valid=Range(0, 50))
+    """Python logging level of rank 0's log (10 DEBUG, 20 INFO, 30 WARNING, ...); the other ranks log
+    warnings and errors, or only what this level lets through if it is higher. Default: INFO."""
+    wandb_project: str | None = None
+    """Also send every metrics record to this Weights & Biases project (rank 0; needs pip install wandb;
+    WANDB_MODE=offline keeps the run local)."""
+    wandb_exp_name: str | None = None
+    """Weights & Biases run name (with wandb_project)."""
+    wandb_save_dir: str | None = None
+    """Directory of the local Weights & Biases files (with wandb_project); default wandb's own."""
+    profile: bool = False
+    """Record a torch.profiler trace of the steps profile_step_start up to (not including) profile_step_end on
+    the ranks profile_ranks names, into <tensorboard_dir, else save>/torch_profile (Chrome trace JSON, one per
+    rank: open it in Perfetto or TensorBoard's profiler)."""
+    profile_step_start: int = flag(10, valid=NON_NEGATIVE)
+    """First profiled step (Megatron's default 10)."""
+    profile_step_end: int = flag(12, valid=AT_LEAST_ONE)
+    """The step the profile stops before (Megatron's default 12)."""
+    use_pytorch_profiler: bool = flag(False, same_math="profile always records with torch.profiler here")
+    """Megatron: profile with torch.profiler instead of an nsys capture range."""
+    profile_ranks: list[int] = flag([0], nargs="+", valid=NON_NEGATIVE)
+    """Global ranks that profile (and dump memory snapshots); Megatron's default: rank 0."""
+    record_memory_history: bool = False
+    """CUDA only: record the allocator's history and dump a snapshot (for pytorch.org/memory_viz) at every log
+    line on the ranks of profile_ranks."""
+    memory_snapshot_path: str = "snapshot.pickle"
+    """Where record_memory_history writes: PATH with _<rank> before its suffix (snapshot_0.pickle)."""
+    manual_gc: bool = False
+    """Turn Python's automatic garbage collector off for the run (Megatron: aligns collections across ranks);
+    collect at the start and every manual_gc_interval steps."""
+    manual_gc_interval: int = flag(0, valid=NON_NEGATIVE)
+    """With manual_gc: a full collection after every this many steps (0: only at the start)."""
+
+    def __post_init__(self) -> None:
+        check_ranges(self)
+        wandb_options = [name for name in ("wandb_exp_name", "wandb_save_dir") if getattr(self, name) is not None]
+        if wandb_options and self.wandb_project is None:
+            raise TrainConfigError(f"{' and '.join(wandb_options)} need wandb_project")
+        if self.wandb_project is not None and importlib.util.find_spec("wandb") is None:
+            raise TrainConfigError("wandb_project needs the wandb package: pip install wandb")
+        if self.profile and self.profile_step_end <= self.profile_step_start:
+            raise TrainConfigError(f"profile_step_end ({self.profile_step_end}) must be after profile_step_start "
+                                   f"({self.profile_step_start})")
+        if self.manual_gc_interval and not self.manual_gc:
+            raise TrainConfigError("manual_gc_interval needs manual_gc")
 
 
 @dataclass(kw_only=True, slots=True)
@@ -825,8 +1246,42 @@ class TrainConfig:
     t5: T5Config = field(default_factory=T5Config)
     bert: BertConfig = field(default_factory=BertConfig)
     moe: MoEConfig = field(default_factory=MoEConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    kernels: KernelConfig = field(default_factory=KernelConfig)
+    observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
+        if self.data.no_mmap_bin_files and self.model.model != "gpt":
+            raise TrainConfigError(f"no_mmap_bin_files applies to GPT data only; model {self.model.model} reads "
+                                   "its sentence-split data through memory maps")
+        if self.parallelism.grad_reduce_in_bf16:
+            # Megatron reads it under bf16 only (its fp32 and fp16 runs reduce in the parameters' dtype).
+            if not self.precision.bf16:
+                raise TrainConfigError("grad_reduce_in_bf16 applies with bf16 only")
+            if self.precision.accumulate_allreduce_grads_in_fp32:
+                raise TrainConfigError("give grad_reduce_in_bf16 or accumulate_allreduce_grads_in_fp32, not both")
+            if self.moe.expert_model_parallel_size > 1:
+                raise TrainConfigError("grad_reduce_in_bf16 does not combine with expert_model_parallel_size > 1: "
+                                       "the experts' gradients are reduced in fp32 only")
+        if self.training.checkpoint_activations and self.recompute.recompute_granularity is not None:
+            raise TrainConfigError("give checkpoint_activations (every layer recomputed) or recompute_granularity, "
+                                   "not both")
+        if self.observability.profile and self.logging.tensorboard_dir is None and self.checkpoint.save is None:
+            raise TrainConfigError("`profile` needs tensorboard_dir or `save` (the trace goes to its torch_profile/)")
+        schedule = self.batch_size_schedule()
+        if schedule is not None and self.parallelism.pipeline_model_parallel_size > 1:
+            name = "rampup_batch_size" if self.training.rampup_batch_size else "step_batch_size_schedule"
+            raise TrainConfigError(f"{name} does not combine with pipeline_model_parallel_size > 1: the pipeline "
+                                   "schedule runs a fixed number of micro-batches per step")
+        if schedule is not None and self.training.train_samples is not None:
+            # Megatron's `update_train_iters` for a batch that changes: the steps the samples take.
+            ramp = self.training.rampup_batch_size
+            iterations = train_iters_for_samples(self.training.train_samples, schedule,
+                                                 self.training.global_batch_size or 0,
+                                                 ramp[2] if ramp is not None else None)
+            if self.training.train_iters not in (None, iterations):
+                raise TrainConfigError("give either train_iters or train_samples, not both")
+            self.training.train_iters = iterations
         # Rules across sections that need no world size (those that do: `trainer.parallel.dims`).
         # The schedule's own rules (a warm-up shorter than the decay, ...). Any batch size gives the same verdict:
         # an iteration-based run's lengths all scale with it.
@@ -837,3 +1292,18 @@ class TrainConfig:
         if self.moe.num_experts is not None and self.moe.moe_layer_offset >= layers:
             raise TrainConfigError(f"moe_layer_offset ({self.moe.moe_layer_offset}) is past the last layer "
                                    f"(num_layers {layers}): no layer would be a MoE layer")
+
+    def batch_size_schedule(self) -> BatchSizeSchedule | None:
+        """The global batch size of each step (consumed samples -> samples) when it changes during the run
+        (--rampup-batch-size, --step-batch-size-schedule with thresholds in tokens of seq_length); None: constant.
+
+        Raises:
+            TrainConfigError: the ramp or the schedule is malformed.
+        """
+        training = self.training
+        if training.rampup_batch_size is not None:
+            start, increment, samples = training.rampup_batch_size
+            return RampupBatchSize(start, increment, samples, final=training.global_batch_size)
+        if training.step_batch_size_schedule is not None:
+            return parse_step_batch_size_schedule(training.step_batch_size_schedule, self.model.seq_length)
+        return None

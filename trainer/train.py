@@ -3,7 +3,7 @@
 One process or many (under torchrun, ``train --num-gpus-per-node N``, or a process group the caller
 already set up): the loop is the same; the layout lives in `trainer.parallel.runner.ParallelModel`, and what is
 particular to a model family (its shape, data, model, checkpoint names, HF weights) is asked of its
-`trainer.models.spec.ModelSpec`: the loop never tests which family it runs.
+`trainer.family.spec.ModelSpec`: the loop never tests which family it runs.
 
     from trainer.config import TrainConfig, ModelConfig, DataConfig, TrainingConfig
     result = train(TrainConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -18,7 +18,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import signal
 import time
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,29 +28,46 @@ import torch
 import torch.distributed as dist
 
 from samplers.run_length import RunLength
+from trainer.errors import NonFiniteError
 from trainer.optim.auxiliary_losses import MAX, MEAN
 from trainer.checkpoint.store import (
     MODEL_CONFIG_FILE,
     MODEL_PREFIX,
+    OPTIMIZER_PREFIX,
     check_load_path,
-    is_model_only_checkpoint,
     latest_iteration,
     load_checkpoint,
+    saved_names,
+    remove_old_checkpoints,
     save_checkpoint,
     vocab_row_names,
 )
+from trainer.checkpoint.async_save import AsyncSaver
+from trainer.checkpoint.early_exit import SECONDS_PER_MINUTE, EarlyExit
+from trainer.checkpoint.restart import restarted_config
 from trainer.config import TrainConfig
 from trainer.data.batches import Prefetcher, explained_sample_counts, step_iterator
-from trainer.parallel.distributed import DistContext, init_distributed, resolve_device_type
-from trainer.optim.grads import clip_factor, global_grad_norm, reduce_loss, scale_grads
+from trainer.parallel.collective_timeout import process_group_timeout, reported_timeouts
+from trainer.parallel.distributed import DistContext, init_distributed, resolve_device_type, restart_count
+from trainer.optim.batch_size_schedule import check_batch_sizes, samples_after
+from trainer.optim.grads import (
+    clip_factor,
+    global_grad_norm,
+    has_non_finite_grads,
+    ranks_where,
+    reduce_loss,
+    scale_grads,
+)
 from trainer.checkpoint.lengths import record_sequence_lengths
 from trainer.checkpoint.tokenizer import record_tokenizer, run_tokenizer
 from trainer.checkpoint.hf_files import copy_tokenizer_files, read_json
 from trainer.metrics.memory_report import gather_reports, measure_memory
-from trainer.metrics.writers import MetricsWriter, StepTimer, TrainStats, device_peak_flops
+from trainer.metrics.step_observer import StepObserver, trace_root
+from trainer.metrics.writers import MetricsWriter, StepTimer, TrainStats, WandbRun, device_peak_flops
 from trainer.metrics.records import METRICS_FILE_NAME
 from trainer.models import model_spec
 from trainer.moe.settings import check_family_has_experts
+from trainer.parallel.attention_backend import attention_kernels, backend_names
 from trainer.parallel.runner import ParallelModel
 from trainer.checkpoint.save_directory import check_save_directory, claim_save_directory
 from trainer.optim.optimizer import (
@@ -59,7 +78,7 @@ from trainer.optim.optimizer import (
     scheduler_state_from_tensors,
     scheduler_state_tensors,
 )
-from trainer.parallel.dims import ParallelDims, resolve_parallel_dims
+from trainer.parallel.dims import ParallelDims, overlap_notes, resolve_parallel_dims
 from trainer.parallel.zero import build_zero_optimizer, init_state, load_optimizer_states, optimizer_states, refresh_masters
 
 logger = logging.getLogger(__name__)
@@ -93,6 +112,8 @@ class TrainResult:
     auxiliary: list[dict[str, float]] = field(default_factory=list)
     """The model's auxiliary metrics of each step this call ran (`trainer.optim.auxiliary_losses`; empty dicts for a model
     without auxiliary losses)."""
+    exit_reason: str | None = None
+    """Why the run stopped before train_iters (`trainer.checkpoint.early_exit`); None when it did not."""
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -103,11 +124,19 @@ def train(config: TrainConfig) -> TrainResult:
             before the first collective).
         CheckpointError: the checkpoint to resume from is broken or belongs to another model.
     """
+    config = restarted_config(config, restart_count())
     device_type = resolve_device_type(config.training.device)
-    ctx = init_distributed(device_type)
+    if config.precision.disable_bf16_reduced_precision_matmul:
+        # Megatron's switch sets the same process-wide backend flag.
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+    timeout_minutes = config.launch.distributed_timeout_minutes
+    ctx = init_distributed(device_type, process_group_timeout(timeout_minutes))
+    run: _Run | None = None
     try:
-        with contextlib.ExitStack() as held:
-            return _Run(config, ctx, held).train()
+        with reported_timeouts(timeout_minutes, ctx.rank, lambda: run.completed_iteration if run else None), \
+                contextlib.ExitStack() as held:
+            run = _Run(config, ctx, held)
+            return run.train()
     finally:
         if ctx.owns_process_group:
             dist.destroy_process_group()
@@ -118,18 +147,33 @@ class _Run:
     holds until it ends (the lock of its save directory)."""
 
     def __init__(self, config: TrainConfig, ctx: DistContext, held: contextlib.ExitStack) -> None:
+        started = time.monotonic()
         self.config, self.ctx = config, ctx
         checkpoint = config.checkpoint
         check_load_path(checkpoint.load, checkpoint.save)
         check_save_directory(checkpoint.save, checkpoint.load, checkpoint.overwrite_save)
         # Everything that can fail on bad input happens before the first collective (mesh creation).
         self.spec = model_spec(config.model.model)
-        self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size)
+        if config.data.tokenizer_type is None:
+            # The family's default (Megatron's pretrain_<family>.py sets it per family): the config cannot
+            # know it, as the core never imports the registry.
+            config.data.tokenizer_type = self.spec.default_tokenizer_type
+        self.dims: ParallelDims = resolve_parallel_dims(config, ctx.world_size, self.spec.layout_rules)
+        if ctx.rank == 0:
+            for note in overlap_notes(config.parallelism, self.dims.dp * self.dims.cp):
+                logger.warning("warning: %s", note)
+        # --rampup-batch-size, --step-batch-size-schedule: each step's global batch (None: dims.global_batch_size).
+        self.batch_sizes = config.batch_size_schedule()
+        train_samples = config.training.train_samples
+        if self.batch_sizes is not None:
+            check_batch_sizes(self.batch_sizes, self.dims.micro_batch_size * self.dims.dp)
+            # The train split holds what the steps take (the last step may pass --train-samples).
+            train_samples = samples_after(self.batch_sizes, config.training.train_iters)
         # Megatron's split sizes: the validation split holds every evaluation's own samples.
         self.run_length = RunLength(train_iters=config.training.train_iters,
                                     global_batch_size=self.dims.global_batch_size,
                                     eval_interval=config.logging.eval_interval, eval_iters=config.logging.eval_iters,
-                                    train_samples=config.training.train_samples)
+                                    train_samples=train_samples)
         with explained_sample_counts(self.run_length, config.data.split):
             parts = self.spec.training_parts(config, self.dims.tp, self.run_length.sizes())
         self.vocabulary, self.shape, self.collate = parts.vocabulary, parts.shape, parts.collate
@@ -140,14 +184,24 @@ class _Run:
         check_family_has_experts(config.moe.num_experts, self.shape, config.model.model)
         self.train_ds, self.valid_ds, self.test_ds = parts.datasets
         self.tokens_per_sample, self.flops_per_token = parts.tokens_per_sample, parts.flops_per_token
+        autocast = _autocast_dtype(config, ctx.device, ctx.rank)
+        observability = config.observability
+        self.observer = held.enter_context(StepObserver(
+            observability, trace_root(config.logging.tensorboard_dir, checkpoint.save), ctx.rank, ctx.device,
+            config.logging.log_interval))
+        held.enter_context(attention_kernels(config.kernels.attention_backend, ctx.device, autocast or torch.float32))
+        if ctx.rank == 0:
+            logger.info("attention kernels: %s (attention_backend %s, on %s)",
+                        backend_names(config.kernels.attention_backend), config.kernels.attention_backend,
+                        ctx.device.type)
         # After the checks of the config and data (a refused run creates nothing), before the first save.
         held.enter_context(claim_save_directory(checkpoint.save, ctx.rank == 0, checkpoint.overwrite_save))
         self.mesh = self.dims.build_mesh(device_type=ctx.device.type) if ctx.world_size > 1 else None
         coords = {name: (self.mesh.get_local_rank(name) if self.mesh is not None else 0) for name in ("pp", "dp")}
         self.dp_rank = coords["dp"]
-        autocast = _autocast_dtype(config, ctx.device, ctx.rank)
         self.model = ParallelModel(self.spec.parallel_plan, self.shape, self.dims, self.mesh, config.parallelism,
-                                   ctx.device, config.data.seed, config.training.checkpoint_activations, autocast,
+                                   ctx.device, config.data.seed,
+                                   config.recompute.policy(config.training.checkpoint_activations), autocast,
                                    compile_blocks=config.training.compile)
         # The HF model type the checkpoints record (of the family's several, say), for `convert-checkpoint --to-hf`.
         self.hf_model_type = self.spec.hf_model_types[0]
@@ -157,7 +211,9 @@ class _Run:
         torch.manual_seed(config.data.seed + PIPELINE_SEED_STRIDE * coords["pp"])
         self.params = [p for _, p in self.model.named_parameters()]
         par = config.parallelism
-        dp_group = self.mesh.get_group("dp") if self.mesh is not None and self.dims.dp > 1 else None
+        # ZeRO shards over every replica of the parameters: the data-parallel ranks, times the cp ranks.
+        dims = self.dims
+        dp_group = self.mesh.get_group(dims.replica_dim) if self.mesh is not None and dims.replicas > 1 else None
         # Megatron's embedding and output layer (--decoupled-lr): the parameters whose rows are the vocabulary.
         decoupled = embedding_and_output_names(self.model.named_parameters(), self.spec.vocab_rows)
         self.optimizer, kernel = build_zero_optimizer(self.model.named_parameters(), config.optimizer, par.zero_stage,
@@ -166,25 +222,48 @@ class _Run:
             logger.info("AdamW kernel: %s (ZeRO stage %d%s)", kernel, par.zero_stage,
                         ", optimiser on the CPU" if par.cpu_offload else "")
         self.scheduler = config.optimizer.scheduler(config.training, self.dims.global_batch_size)
+        self.step_batch_size = self.dims.global_batch_size
         self.scaler = LossScaler(config.precision)
         self.iteration = self.consumed_samples = self.skipped = 0
+        self.saved_iteration: int | None = None
+        self.completed_iteration: int | None = None
+        """The last iteration whose step finished (None until `train` starts the step loop)."""
+        self.loaded_from: tuple[Path, int] | None = None
+        """(root, iteration) of the checkpoint the run resumed from: never removed by keep_last_checkpoints."""
         if config.checkpoint.load is not None:
             self._load()
         metrics_file = config.logging.metrics_file
         if metrics_file is None and config.checkpoint.save is not None:
             metrics_file = str(Path(config.checkpoint.save) / METRICS_FILE_NAME)
-        self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0, self.iteration)
+        wandb_run = None if observability.wandb_project is None else WandbRun(
+            observability.wandb_project, observability.wandb_exp_name, observability.wandb_save_dir, asdict(config))
+        self.writer = MetricsWriter(metrics_file, config.logging.tensorboard_dir, ctx.rank == 0, self.iteration,
+                                    wandb_run)
         self.peak_flops = device_peak_flops(ctx.device, autocast is not None)
-        self.timer = StepTimer(config.logging.timing_log_level >= 1, ctx.device)
+        # Background saves exchange over their own group: the step loop's collectives use the default one meanwhile.
+        async_group = dist.new_group(backend="gloo") if checkpoint.async_save and ctx.world_size > 1 else None
+        self.async_saver = AsyncSaver(async_group) if checkpoint.async_save else None
+        training = config.training
+        # Last: a signal from here on finishes the step in flight instead of ending the process.
+        self.early_exit = held.enter_context(EarlyExit(
+            training.exit_interval,
+            None if training.exit_duration_in_mins is None else training.exit_duration_in_mins * SECONDS_PER_MINUTE,
+            signal.Signals[training.exit_signal] if training.exit_signal_handler else None, ctx.device, started))
+        level = config.logging.timing_log_level
+        self.timer = StepTimer(level >= 1, ctx.device, detailed=level >= 2 and self.model.schedule is None)
+        self.model.timer = self.timer
 
     # -- checkpoints ------------------------------------------------------------------------------------
 
-    def _state(self, optimizer_state: dict | None = None) -> dict[str, torch.Tensor]:
+    def _state(self, optimizer_state: dict | None = None, optimizer: bool = True,
+               rng: bool = True) -> dict[str, torch.Tensor]:
         """Everything a checkpoint holds, as tensors under layout-independent names (the optimiser's state
-        at full size: ``optimizer_state`` from `trainer.parallel.zero.optimizer_states`, or gathered here)."""
+        at full size: ``optimizer_state`` from `trainer.parallel.zero.optimizer_states`, or gathered here).
+        Without ``optimizer`` it leaves out the optimiser state, the loss scaler and the schedule (Megatron's
+        --no-save-optim/--no-load-optim), without ``rng`` the generators' states."""
         state: dict[str, torch.Tensor] = {}
         if optimizer_state is None:
-            optimizer_state = optimizer_states(self.optimizer)
+            optimizer_state = optimizer_states(self.optimizer) if optimizer else {}
         for name, param in self.model.named_parameters():
             state[f"model.{name}"] = param.detach()
             for key, value in (optimizer_state.get(param) or {}).items():
@@ -192,8 +271,11 @@ class _Run:
         counters = {"iteration": self.iteration, "consumed_samples": self.consumed_samples,
                     "skipped_iterations": self.skipped}
         state |= {f"train.{k}": torch.tensor(v, dtype=torch.int64) for k, v in counters.items()}
-        state |= {f"loss_scaler.{k}": v for k, v in self.scaler.state_dict().items()}
-        state |= scheduler_state_tensors(self.scheduler)
+        if optimizer:
+            state |= {f"loss_scaler.{k}": v for k, v in self.scaler.state_dict().items()}
+            state |= scheduler_state_tensors(self.scheduler)
+        if not rng:
+            return state
         state[f"rng.rank{self.ctx.rank}.cpu"] = torch.get_rng_state()
         if self.ctx.device.type == "cuda":
             state[f"rng.rank{self.ctx.rank}.cuda"] = torch.cuda.get_rng_state(self.ctx.device)
@@ -211,7 +293,29 @@ class _Run:
             copy_tokenizer_files(self.config.checkpoint.load_hf, root)
         if self.ctx.rank == 0 and self.tokenizer is not None:
             record_tokenizer(root, self.tokenizer)
-        save_checkpoint(root, self.iteration, self.model.checkpoint_state(self._state()))
+        checkpoint = self.config.checkpoint
+        state = self._state(optimizer=not checkpoint.no_save_optim, rng=not checkpoint.no_save_rng)
+        state = self.model.checkpoint_state(state)
+        if self.async_saver is not None:
+            self._finish_save()  # the previous one: a save waits for it
+            self.async_saver.start(root, self.iteration, state)
+        else:
+            save_checkpoint(root, self.iteration, state)
+            self._remove_old_checkpoints()
+        self.saved_iteration = self.iteration
+
+    def _finish_save(self) -> None:
+        """Wait for the asynchronous save in flight, if any (collective)."""
+        if self.async_saver is not None and self.async_saver.wait() is not None:
+            self._remove_old_checkpoints()
+
+    def _remove_old_checkpoints(self) -> None:
+        """keep_last_checkpoints, after a checkpoint is complete (rank 0)."""
+        root, keep = self.config.checkpoint.save, self.config.checkpoint.keep_last_checkpoints
+        if keep is not None and self.ctx.rank == 0:
+            loaded = self.loaded_from
+            protected = frozenset({loaded[1]}) if loaded is not None and loaded[0] == Path(root).resolve() else frozenset()
+            remove_old_checkpoints(root, keep, protected)
 
     def _load(self) -> None:
         root = self.config.checkpoint.load
@@ -222,14 +326,19 @@ class _Run:
             if self.ctx.rank == 0:  # every rank finds the same directory empty: say it once
                 logger.warning("no checkpoint in %s: training from scratch", root)
             return
+        self.loaded_from = (Path(root).resolve(), iteration)
         with torch.device("meta"):
             # The names checkpoints hold, whatever layout this run computes in (`ParallelPlan.to_checkpoint`).
             full_model = self.spec.checkpoint_model(self.shape)
             model_names = frozenset(f"model.{name}" for name, _ in full_model.named_parameters())
-        verify = not self.config.checkpoint.no_verify
-        if is_model_only_checkpoint(root, iteration, verify):
-            # `convert-checkpoint --from-hf` writes weights only: the optimiser and counters start fresh.
-            model_state = {k: v for k, v in self._state().items() if k.startswith(MODEL_PREFIX)}
+        checkpoint = self.config.checkpoint
+        verify = not checkpoint.no_verify
+        saved = saved_names(root, iteration, verify)
+        if checkpoint.finetune or all(name.startswith(MODEL_PREFIX) for name in saved):
+            # `convert-checkpoint --from-hf` writes weights only, and --finetune takes only them (Megatron's):
+            # the optimiser, schedule, counters and generators start fresh.
+            model_state = {k: v for k, v in self._state(optimizer=False, rng=False).items()
+                           if k.startswith(MODEL_PREFIX)}
             saved_state = self.model.checkpoint_state(model_state)
             load_checkpoint(root, iteration, saved_state, model_names=model_names, verify=verify,
                             vocab_rows=self._vocab_rows(saved_state))
@@ -238,31 +347,47 @@ class _Run:
             if self.ctx.rank == 0:
                 logger.info("starting from the model weights of %s (iteration %d)", root, iteration)
             return
-        init_state(self.optimizer)
-        full_optimizer_state = optimizer_states(self.optimizer)
-        state = self._state(full_optimizer_state)
+        # A checkpoint saved with --no-save-optim holds no optimiser state: it starts afresh, as Megatron's does.
+        load_optimizer = not checkpoint.no_load_optim and any(name.startswith(OPTIMIZER_PREFIX) for name in saved)
+        full_optimizer_state = None
+        if load_optimizer:
+            init_state(self.optimizer)
+            full_optimizer_state = optimizer_states(self.optimizer)
+        state = self._state(full_optimizer_state, optimizer=load_optimizer, rng=not checkpoint.no_load_rng)
         rng_names = frozenset(name for name in state if name.startswith("rng."))
         scheduler_names = frozenset(name for name in state if name.startswith(SCHEDULER_PREFIX))
         saved_state = self.model.checkpoint_state(state)
         loaded = load_checkpoint(root, iteration, saved_state, optional=rng_names | scheduler_names,
                                  model_names=model_names, verify=verify, vocab_rows=self._vocab_rows(saved_state))
         self.model.restore_checkpoint_state(saved_state, state)
-        load_optimizer_states(self.optimizer, full_optimizer_state)
         self.iteration = int(state["train.iteration"])
         self.consumed_samples = int(state["train.consumed_samples"])
         self.skipped = int(state["train.skipped_iterations"])
+        if not load_optimizer:
+            # Megatron's --no-load-optim: fresh optimiser state, loss scale and schedule (at its step 0).
+            refresh_masters(self.optimizer)
+            if self.ctx.rank == 0:
+                logger.info("resuming the weights of iteration %d (%d samples consumed); the optimiser state and "
+                            "learning-rate schedule start afresh", self.iteration, self.consumed_samples)
+            self._restore_rng(state, rng_names & loaded)
+            return
+        load_optimizer_states(self.optimizer, full_optimizer_state)
         self.scaler.load_state_dict({k.split(".", 1)[1]: v for k, v in state.items() if k.startswith("loss_scaler.")})
         if scheduler_names <= loaded:
             self.scheduler.load_state_dict(scheduler_state_from_tensors(state))
         else:  # a checkpoint from before the schedule was saved: its schedule counted the steps taken
             self.scheduler.step((self.iteration - self.skipped) * self.dims.global_batch_size)
-        for name in rng_names & loaded:
+        self._restore_rng(state, rng_names & loaded)
+        if self.ctx.rank == 0:
+            logger.info("resuming from iteration %d (%d samples consumed)", self.iteration, self.consumed_samples)
+
+    def _restore_rng(self, state: dict[str, torch.Tensor], names: Iterable[str]) -> None:
+        """Set the generators from the loaded ``rng.*`` tensors ``names`` of ``state``."""
+        for name in names:
             if name.endswith(".cpu"):
                 torch.set_rng_state(state[name])
             else:
                 torch.cuda.set_rng_state(state[name], self.ctx.device)
-        if self.ctx.rank == 0:
-            logger.info("resuming from iteration %d (%d samples consumed)", self.iteration, self.consumed_samples)
 
     def _vocab_rows(self, state: dict[str, torch.Tensor]) -> frozenset[str]:
         """The checkpoint names whose rows are the padded vocabulary (re-padded when the layout changed)."""
@@ -290,8 +415,29 @@ class _Run:
                 logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
                                self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
-        loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
+        loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
+        if not self.config.precision.no_check_for_nan_in_loss_and_grad:
+            self._check_finite(loss, norm, holds_loss and not bool(torch.isfinite(loss_sum)))
         return loss, norm, auxiliary
+
+    def _check_finite(self, loss: float, norm: float, local_loss_non_finite: bool) -> None:
+        """Megatron's --check-for-nan-in-loss-and-grad (on by default): stop at a NaN or infinite loss, or
+        gradient norm where no loss scaler owns overflows (fp16, or a static --loss-scale, skips such steps as
+        Megatron's grad scalers do). ``loss`` and ``norm`` are the same on every rank, so every rank raises.
+
+        Raises:
+            NonFiniteError: naming the iteration and the ranks whose own loss or gradients hold the value.
+        """
+        scaled = self.config.precision.fp16 or self.config.precision.loss_scale is not None
+        if math.isfinite(loss) and (math.isfinite(norm) or scaled):
+            return
+        what = "loss" if not math.isfinite(loss) else "gradient norm"
+        local = local_loss_non_finite if what == "loss" else has_non_finite_grads(self.params)
+        ranks = ranks_where(local, self.ctx.rank)
+        raise NonFiniteError(f"iteration {self.iteration}: the {what} is {loss if what == 'loss' else norm} (from "
+                             f"rank {', '.join(map(str, ranks)) or 'unknown'}); stopped, as Megatron's "
+                             "--check-for-nan-in-loss-and-grad does (--no-check-for-nan-in-loss-and-grad skips "
+                             "such steps instead)")
 
     def evaluate(self, dataset, split: str, first_sample: int = 0) -> float | None:
         """Mean loss over ``eval_iters`` global batches of ``dataset``, from sample ``first_sample`` on.
@@ -313,7 +459,7 @@ class _Run:
         started = last_line = time.monotonic()
         for done, microbatches in enumerate(batches, start=1):
             loss_sum, holds_loss = self.model.run([mb.to(self.ctx.device) for mb in microbatches], train=False)
-            total += reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.tp)
+            total += reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
             if done == self.config.logging.eval_iters:
                 break
             now = time.monotonic()
@@ -329,10 +475,12 @@ class _Run:
     def train(self) -> TrainResult:
         cfg = self.config
         result = TrainResult(iteration=self.iteration, consumed_samples=self.consumed_samples)
-        gbs, train_iters = self.dims.global_batch_size, cfg.training.train_iters
+        self.completed_iteration = self.iteration  # 0, or the iteration this attempt resumed from
+        train_iters = cfg.training.train_iters
+        samples_per_microbatch = self.dims.micro_batch_size * self.dims.dp
         batches = Prefetcher(step_iterator(self.train_ds, self.consumed_samples, self.dims.micro_batch_size,
                                            self.dims.num_microbatches, self.dp_rank, self.dims.dp, self.vocabulary.size,
-                                           self.collate))
+                                           self.collate, self.batch_sizes))
         window = _Window()
         self.model.set_train(True)
         try:
@@ -340,22 +488,29 @@ class _Run:
                 start = time.perf_counter()
                 microbatches = [mb.to(self.ctx.device) for mb in next(batches)]
                 data_time = time.perf_counter() - start
+                # This step's global batch (it changes under a batch-size ramp).
+                gbs = self.step_batch_size = len(microbatches) * samples_per_microbatch
                 self.iteration += 1
                 # The rates of the samples consumed before this step (Megatron's). The schedule advances only
                 # after a step that was taken: after a skipped fp16 step the next runs at the same rates.
                 apply_schedule(self.optimizer, self.scheduler)
                 lr, skipped = self.scheduler.lr(), self.skipped
-                loss, norm, auxiliary = self._step(microbatches)
+                with self.observer.step(self.iteration):
+                    loss, norm, auxiliary = self._step(microbatches)
                 if self.skipped == skipped:
                     self.scheduler.step(gbs)
                 if cfg.logging.print_memory and self.iteration == result.iteration + 1:
                     self._report_memory()
                 self.consumed_samples += gbs
+                self.completed_iteration = self.iteration
                 result.losses.append(loss)
                 result.grad_norms.append(norm)
                 result.auxiliary.append(auxiliary)
                 window.add(loss, norm, time.perf_counter() - start, data_time, auxiliary)
-                if self.iteration % cfg.logging.log_interval == 0 or self.iteration == train_iters:
+                window.samples += gbs
+                result.exit_reason = self.early_exit.reason(self.iteration) if self.iteration < train_iters else None
+                if self.iteration % cfg.logging.log_interval == 0 or self.iteration == train_iters or \
+                        result.exit_reason is not None:
                     self.writer.train(self._stats(window, lr))
                     window = _Window()
                 if self.iteration % cfg.logging.eval_interval == 0 and self.iteration < train_iters:
@@ -363,16 +518,29 @@ class _Run:
                 if cfg.checkpoint.save and cfg.checkpoint.save_interval and \
                         self.iteration % cfg.checkpoint.save_interval == 0 and self.iteration < train_iters:
                     self._save()
+                if result.exit_reason is not None:
+                    break
         finally:
             batches.close()
-        if cfg.checkpoint.save and self.iteration > result.iteration:
+        if cfg.checkpoint.save and self.iteration > result.iteration and self.saved_iteration != self.iteration:
             self._save()
+        if result.exit_reason is not None:
+            # Megatron's early exits skip the final evaluations too: a preempted job has seconds to leave.
+            self._finish_save()
+            if self.ctx.rank == 0:
+                saved = f"saved in {cfg.checkpoint.save}" if cfg.checkpoint.save else "nothing saved (no save)"
+                logger.info("exiting at iteration %d of %d: %s; %s", self.iteration, train_iters, result.exit_reason,
+                            saved)
+            self.writer.close()
+            result.iteration, result.consumed_samples = self.iteration, self.consumed_samples
+            return result
         final_evaluations = (("valid", self.valid_ds, self.run_length.consumed_valid_samples(self.iteration)),
                              ("test", self.test_ds, 0))
         for split, dataset, first_sample in final_evaluations:
             loss = self.evaluate(dataset, split, first_sample)
             if loss is not None:
                 result.eval_losses[split] = loss
+        self._finish_save()
         self.writer.close()
         result.iteration, result.consumed_samples = self.iteration, self.consumed_samples
         return result
@@ -387,11 +555,11 @@ class _Run:
 
     def _stats(self, window: _Window, lr: float) -> TrainStats:
         seconds = window.seconds / window.count
-        tokens_per_second = self.dims.global_batch_size * self.tokens_per_sample / seconds
+        tokens_per_second = window.samples / window.count * self.tokens_per_sample / seconds
         flops_per_device = tokens_per_second * self.flops_per_token / self.ctx.world_size
         return TrainStats(
             iteration=self.iteration, train_iters=self.config.training.train_iters,
-            consumed_samples=self.consumed_samples, global_batch_size=self.dims.global_batch_size, lr=lr,
+            consumed_samples=self.consumed_samples, global_batch_size=self.step_batch_size, lr=lr,
             loss=window.loss / window.count, grad_norm=window.grad_norm / window.count, loss_scale=self.scaler.scale,
             skipped_iterations=self.skipped, ms_per_iteration=1000 * seconds,
             data_ms_per_iteration=1000 * window.data_seconds / window.count, tokens_per_second=tokens_per_second,
@@ -421,6 +589,8 @@ class _Window:
     """Sums over the steps since the last log line."""
 
     count: int = 0
+    samples: int = 0
+    """Global-batch samples of the steps (a batch-size ramp changes them)."""
     loss: float = 0.0
     grad_norm: float = 0.0
     seconds: float = 0.0

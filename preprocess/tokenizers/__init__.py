@@ -37,10 +37,11 @@ def build_tokenizer(config: TokenizerConfig) -> Tokenizer:
         from .chinese_wwm import ChineseWholeWordTokenizer
 
         return ChineseWholeWordTokenizer(wordpiece)
-    if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer"):
+    if kind in ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer"):
         from .sentencepiece import build_sentencepiece_tokenizer
 
-        return build_sentencepiece_tokenizer(config.tokenizer_model, megatron_specials=kind == "SentencePieceTokenizer")
+        return build_sentencepiece_tokenizer(config.tokenizer_model, megatron_specials=kind == "SentencePieceTokenizer",
+                                             bos=kind == "Llama2Tokenizer")
     if kind == "HuggingFaceTokenizer":
         from .huggingface import build_huggingface_tokenizer
 

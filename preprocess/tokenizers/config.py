@@ -15,6 +15,7 @@ TOKENIZER_OPTIONS: dict[str, tuple[str, ...]] = {
     "BertWordPieceCase": ("vocab_file",),
     "SentencePieceTokenizer": ("tokenizer_model",),
     "GPTSentencePieceTokenizer": ("tokenizer_model",),
+    "Llama2Tokenizer": ("tokenizer_model",),
     "HuggingFaceTokenizer": ("tokenizer_model",),
     "NullTokenizer": ("vocab_size",),
 }

@@ -1,6 +1,9 @@
-"""Megatron's SentencePieceTokenizer and GPTSentencePieceTokenizer, from a SentencePiece `.model`.
+"""Megatron's SentencePieceTokenizer, GPTSentencePieceTokenizer and Llama2Tokenizer, from a SentencePiece `.model`.
 
 GPTSentencePieceTokenizer is the plain model: ids = `encode_as_ids(text)`, eod = the model's EOS.
+Llama2Tokenizer (Megatron's `_Llama2Tokenizer`, e.g. Llama 2's `tokenizer.model`) is the same model with the
+model's BOS put before every text (`tokenize(s, bos=True, eos=False)`): eod = EOS, pad = the model's PAD
+(None when it has none, as Llama 2's), vocabulary = the model's pieces.
 SentencePieceTokenizer is Megatron's T5/BERT flavour: it appends `<CLS> <SEP> <EOD> <MASK>` (and PAD,
 BOS, EOS pieces the model lacks) after the model's own pieces and cuts a text at those special
 strings before encoding the parts; eod = `<EOD>`. A BPE model with byte fallback is encoded by
@@ -20,7 +23,7 @@ import sentencepiece
 from ..errors import TokenizerError
 from .base import RaggedTokens, Tokenizer, as_large_strings
 from .files import require_file
-from .giga import GigatokenTokenizer, matches_reference
+from .giga import GigatokenTokenizer, matches_reference, wrap_each
 
 # Megatron's order of added special pieces; PAD/BOS/EOS fall back to these names when the model has none.
 MEGATRON_SPECIAL_PIECES = ("<CLS>", "<SEP>", "<EOD>", "<MASK>")
@@ -74,6 +77,26 @@ class GPTSentencePieceTokenizer(SentencePieceBase):
         self.pad = model.pad_id() if model.pad_id() >= 0 else None
 
 
+class Llama2Tokenizer(GPTSentencePieceTokenizer):
+    """Megatron's Llama2Tokenizer: the model's BOS before every text (`affixes`), nothing after it; eod = EOS."""
+
+    def __init__(self, model: sentencepiece.SentencePieceProcessor, model_file: str) -> None:
+        super().__init__(model)
+        if model.bos_id() < 0:
+            raise TokenizerError(f"{model_file}: the SentencePiece model defines no BOS piece, which "
+                                 "Llama2Tokenizer puts before every text (use GPTSentencePieceTokenizer)")
+        self.affixes = ((model.bos_id(),), ())
+
+    def encode(self, text: str) -> list[int]:
+        return [*self.affixes[0], *self.model.encode_as_ids(text)]
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self.model.encode_as_ids(text)
+
+    def encode_batch(self, texts: pa.Array | list[str]) -> RaggedTokens:
+        return wrap_each(super().encode_batch(texts), np.array(self.affixes[0], np.int64), np.zeros(0, np.int64))
+
+
 class MegatronSentencePieceTokenizer(SentencePieceBase):
     """Megatron's SentencePieceTokenizer: extra special pieces, texts cut at special strings."""
 
@@ -124,20 +147,20 @@ class MegatronSentencePieceTokenizer(SentencePieceBase):
         return Tokenizer.encode_batch(self, texts)
 
 
-def build_sentencepiece_tokenizer(model_file: str, megatron_specials: bool) -> Tokenizer:
-    """SentencePieceTokenizer (`megatron_specials`) or GPTSentencePieceTokenizer.
+def build_sentencepiece_tokenizer(model_file: str, megatron_specials: bool, bos: bool = False) -> Tokenizer:
+    """SentencePieceTokenizer (`megatron_specials`), Llama2Tokenizer (`bos`) or GPTSentencePieceTokenizer.
 
     Raises:
-        TokenizerError: the model file is missing or unreadable.
+        TokenizerError: the model file is missing or unreadable (or, with `bos`, has no BOS piece).
     """
     model = _load(model_file)
     if megatron_specials:
         return MegatronSentencePieceTokenizer(model)
-    reference = GPTSentencePieceTokenizer(model)
+    reference = Llama2Tokenizer(model, model_file) if bos else GPTSentencePieceTokenizer(model)
     backend = _gigatoken_backend(model_file)
-    if backend is None or not matches_reference(backend, reference.encode):
+    if backend is None or not matches_reference(backend, reference.encode_plain):
         return reference
-    fast = GigatokenTokenizer(backend, reference.vocab_size, reference._eod, reference.pad)
+    fast = GigatokenTokenizer(backend, reference.vocab_size, reference._eod, reference.pad, *reference.affixes)
     # What T5's sentinel convention reads (`preprocess.tokenizers.t5`), and the model's special pieces.
     fast.model, fast.special_tokens = model, reference.special_tokens
     return fast

@@ -67,19 +67,21 @@ def job_evaluate(tp: int, pp: int, load: str, task: str, data: str, options: dic
     """`evaluate` in a tp x pp layout (dp: the rest of the world)."""
     from trainer.evaluation.evaluate import EvaluateConfig, evaluate
     from trainer.evaluation.scoring import EvalModelConfig
+    from trainer.models.dispatch import resolve_scoring_source
 
     model = EvalModelConfig(load=load, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                             batch_size=3, device="cpu", progress=False)
-    return evaluate(EvaluateConfig(model=model, task=task, data=data, **options))
+    return evaluate(EvaluateConfig(model=model, task=task, data=data, **options), resolve_scoring_source(load, tp))
 
 
 def job_cloze(tp: int, pp: int, load: str, examples: list[tuple[list[int], list[int]]]) -> dict:
     """Per-example LAMBADA outcomes of token-level examples in a tp x pp layout."""
     from trainer.evaluation.lambada import ClozeExample, score_cloze
     from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
+    from trainer.models.dispatch import resolve_scoring_source
 
     config = EvalModelConfig(load=load, tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
                              batch_size=2, device="cpu", progress=False)
-    with open_eval_model(config) as model:
+    with open_eval_model(config, resolve_scoring_source(load, tp)) as model:
         result = score_cloze(model, [ClozeExample(c, t) for c, t in examples], "examples")
     return {"hits": result.hits, "log_probs": result.log_probs}

@@ -88,7 +88,8 @@ def hf_greedy(model, prompts: list[list[int]], max_new_tokens: int) -> list[list
 # -- multi-process jobs ----------------------------------------------------------------------------------
 
 def job_generate(tp: int, pp: int, load: str, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
-    from trainer.generation.generate import GenerateConfig, generate
+    from trainer.generation.generate import GenerateConfig
+    from trainer.models.dispatch import generate
     from trainer.generation.sampling import SamplingConfig
 
     config = GenerateConfig(load=load, prompt_ids=prompts, max_new_tokens=max_new_tokens,

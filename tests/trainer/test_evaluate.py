@@ -17,11 +17,13 @@ from trainer.evaluation.evaluate import EvaluateConfig, evaluate
 from trainer.evaluation.lambada import ClozeExample, cloze_example, cloze_rows, read_lambada, score_cloze
 from trainer.evaluation.perplexity import lm_windows
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
+from trainer.models.dispatch import resolve_scoring_source
 
 
 def run(load, task, data, **options) -> dict:
     model = EvalModelConfig(load=str(load), batch_size=3, progress=False)
-    return evaluate(EvaluateConfig(model=model, task=task, data=str(data), **options))
+    return evaluate(EvaluateConfig(model=model, task=task, data=str(data), **options),
+                    resolve_scoring_source(model.load, model.tensor_model_parallel_size))
 
 
 def hf_lambada(tiny_hf, strict: bool) -> list[tuple[float, bool]]:
@@ -62,7 +64,8 @@ def test_cloze_outcomes_equal_transformers_passage_by_passage(tiny_hf, checkpoin
                                     pad_token_id=50256)[0, len(context):].tolist()
         examples.append(ClozeExample(context, target))
     want = hf_row_scores(model, cloze_rows(examples, "sample"))
-    with open_eval_model(EvalModelConfig(load=str(checkpoint), batch_size=4, progress=False)) as ours:
+    with open_eval_model(EvalModelConfig(load=str(checkpoint), batch_size=4, progress=False),
+                         resolve_scoring_source(str(checkpoint), 1)) as ours:
         result = score_cloze(ours, examples, "sample")
     assert result.hits == [hit for _, hit in want] and 0 < result.correct < 20
     assert np.allclose(result.log_probs, [lp for lp, _ in want], rtol=PPL_RTOL, atol=0)
@@ -70,7 +73,8 @@ def test_cloze_outcomes_equal_transformers_passage_by_passage(tiny_hf, checkpoin
 
 def test_our_tokens_are_transformers_tokens(tiny_hf, checkpoint):
     tokenizer = hf_tokenizer(tiny_hf)
-    with open_eval_model(EvalModelConfig(load=str(checkpoint), progress=False)) as model:
+    with open_eval_model(EvalModelConfig(load=str(checkpoint), progress=False),
+                         resolve_scoring_source(str(checkpoint), 1)) as model:
         for text in read_lambada(LAMBADA_SAMPLE):
             ours = cloze_example(text, model.tokenizer, strict=True)
             word = text.split()[-1]
@@ -125,7 +129,8 @@ def test_wikitext_detokeniser_follows_megatron():
 def test_token_file_perplexity_equals_the_text_it_holds(checkpoint, tmp_path):
     from indexed_dataset.writer import IndexedDatasetWriter
 
-    with open_eval_model(EvalModelConfig(load=str(checkpoint), progress=False)) as model:
+    with open_eval_model(EvalModelConfig(load=str(checkpoint), progress=False),
+                         resolve_scoring_source(str(checkpoint), 1)) as model:
         tokens = model.tokenizer.encode(detokenize_wikitext(WIKI_SAMPLE.read_text(encoding="utf-8")))
     with IndexedDatasetWriter(str(tmp_path / "wiki_text_document"), np.uint16) as writer:
         writer.add_item(tokens[:100])

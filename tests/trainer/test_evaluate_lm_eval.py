@@ -12,13 +12,15 @@ from hf_testing import hf_model
 from trainer.evaluation.harness import HarnessScorer, rolling_windows
 from trainer.evaluation.lambada import read_lambada
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
+from trainer.models.dispatch import resolve_scoring_source
 
 EOT = 50256
 
 
 @pytest.fixture(scope="module")
 def scorer(tiny_hf):
-    with open_eval_model(EvalModelConfig(load=str(tiny_hf), batch_size=4, progress=False)) as model:
+    with open_eval_model(EvalModelConfig(load=str(tiny_hf), batch_size=4, progress=False),
+                         resolve_scoring_source(str(tiny_hf), 1)) as model:
         yield HarnessScorer(model)
 
 
@@ -112,7 +114,7 @@ def test_lm_eval_tokenmill_equals_lm_eval_hf_on_a_local_task(tiny_hf, tmp_path):
     lm_eval = pytest.importorskip("lm_eval")
     from lm_eval.tasks import TaskManager
 
-    import trainer.evaluation.lm_eval_adapter  # noqa: F401  (registers --model tokenmill)
+    import trainer.cli.lm_eval  # noqa: F401  (registers --model tokenmill)
 
     tasks = tmp_path / "tasks"
     tasks.mkdir()

@@ -52,12 +52,14 @@ def single_process(checkpoint) -> dict:
     """The one-process records (themselves checked against transformers in test_evaluate.py)."""
     from trainer.evaluation.evaluate import EvaluateConfig, evaluate
     from trainer.evaluation.scoring import EvalModelConfig
+    from trainer.models.dispatch import resolve_scoring_source
 
     model = EvalModelConfig(load=str(checkpoint), progress=False)
+    source = resolve_scoring_source(model.load, 1)
     return {"lambada": evaluate(EvaluateConfig(model=model, task="lambada", data=str(LAMBADA_SAMPLE),
-                                               strict_lambada=True)),
+                                               strict_lambada=True), source),
             "perplexity": evaluate(EvaluateConfig(model=model, task="perplexity", data=str(WIKI_SAMPLE),
-                                                  **PERPLEXITY))}
+                                                  **PERPLEXITY), source)}
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

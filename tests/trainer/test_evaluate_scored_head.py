@@ -9,7 +9,8 @@ from torch import nn
 
 import trainer.models.gpt.sharded as sharded_module
 from trainer.errors import TrainConfigError
-from trainer.evaluation.scoring import EvalModelConfig, ScoreRow, open_eval_model, resolve_scoring_source, score_rows
+from trainer.evaluation.scoring import EvalModelConfig, ScoreRow, open_eval_model, score_rows
+from trainer.models.dispatch import resolve_scoring_source
 from trainer.models import model_spec
 from trainer.models.gpt.generate import GPTSource
 
@@ -37,7 +38,8 @@ def sample_rows() -> list[ScoreRow]:
 
 def test_head_sees_the_counted_positions_only(tiny_hf):
     rows = sample_rows()
-    with open_eval_model(EvalModelConfig(load=str(tiny_hf), batch_size=len(rows), progress=False)) as model:
+    with open_eval_model(EvalModelConfig(load=str(tiny_hf), batch_size=len(rows), progress=False),
+                         resolve_scoring_source(str(tiny_hf), 1)) as model:
         counter = model.sharded.head = RowCounter(model.sharded.head)
         scores = score_rows(model, rows, "rows")
     assert sum(counter.calls) == sum(row.last - row.first for row in rows)  # not 5 rows x 48 positions
@@ -50,7 +52,7 @@ def test_head_sees_the_counted_positions_only(tiny_hf):
 def test_head_runs_in_bounded_chunks_with_the_same_scores(tiny_hf, monkeypatch):
     rows = sample_rows()
     config = EvalModelConfig(load=str(tiny_hf), batch_size=len(rows), progress=False)
-    with open_eval_model(config) as model:
+    with open_eval_model(config, resolve_scoring_source(str(tiny_hf), 1)) as model:
         whole = score_rows(model, rows, "rows")
         monkeypatch.setattr(sharded_module, "SCORE_CHUNK_ELEMENTS", 3 * VOCAB)  # 3 rows of logits at a time
         counter = model.sharded.head = RowCounter(model.sharded.head)

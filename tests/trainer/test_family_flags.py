@@ -81,7 +81,7 @@ def test_a_position_table_must_cover_seq_length(model):
     short = config_of(["--model", model, "--seq-length", "32", "--max-position-embeddings", "16"])
     assert rules_failing(short) == ["max_position_embeddings (16) is smaller than seq_length (32)"]
     with pytest.raises(ValueError, match="max_position_embeddings"):
-        resolve_parallel_dims(short, 1)
+        resolve_parallel_dims(short, 1, model_spec(short.model.model).layout_rules)
 
 
 def test_a_gpt_tokenizer_larger_than_the_model_is_one_line(tiny_prefix, data_test, capsys):

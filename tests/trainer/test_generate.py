@@ -8,7 +8,8 @@ import pytest
 import torch
 from hf_testing import hf_greedy, hf_model, make_tiny_hf, prompt_batch
 
-from trainer.generation.generate import GenerateConfig, generate
+from trainer.generation.generate import GenerateConfig
+from trainer.models.dispatch import generate
 from trainer.cli.generate import main
 from trainer.generation.sampling import SamplingConfig, filter_logits
 

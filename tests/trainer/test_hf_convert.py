@@ -107,7 +107,7 @@ def _broken_copy(tiny_hf, tmp_path, edit_config=None, edit_weights=None):
 
 
 @pytest.mark.parametrize("edit_config, edit_weights, message", [
-    (lambda c: c.update(model_type="llama"), None, "model_type is 'llama'"),
+    (lambda c: c.update(model_type="gpt_neox"), None, "model_type is 'gpt_neox'"),
     (lambda c: c.update(activation_function="relu"), None, "activation_function 'relu'"),
     (None, lambda w: w.pop("transformer.h.1.mlp.c_fc.bias"), "missing tensor transformer.h.1.mlp.c_fc.bias"),
     (None, lambda w: w.update({"transformer.h.0.attn.c_proj.weight": torch.zeros(64, 32)}),

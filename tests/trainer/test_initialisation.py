@@ -15,6 +15,7 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 from trainer_testing import TINY_VOCAB, tiny_config
 
+from trainer.models import model_spec
 from trainer.parallel.dims import resolve_parallel_dims
 from trainer.models.gpt.spec import PLAN as GPT_PLAN
 from trainer.parallel.runner import ParallelModel
@@ -29,7 +30,7 @@ def initial_digests(prefix: str, cache: str, layout: dict) -> dict[str, list[str
     """sha256 of each parameter's full initial value, from every rank: name -> the digests seen."""
     config = tiny_config(prefix, cache, **layout)
     world_size = dist.get_world_size() if dist.is_initialized() else 1
-    dims = resolve_parallel_dims(config, world_size)
+    dims = resolve_parallel_dims(config, world_size, model_spec(config.model.model).layout_rules)
     mesh = dims.build_mesh(device_type="cpu") if world_size > 1 else None
     model = ParallelModel(GPT_PLAN, model_shape(config, TINY_VOCAB, dims.tp), dims, mesh, config.parallelism,
                           torch.device("cpu"), config.data.seed, checkpoint_activations=False, autocast_dtype=None)
@@ -64,7 +65,8 @@ def test_the_full_model_is_built_on_the_meta_device(tiny_prefix, cache_dir, monk
         return model
 
     plan = dataclasses.replace(GPT_PLAN, build=recording_build)
-    model = ParallelModel(plan, model_shape(config, TINY_VOCAB, 1), resolve_parallel_dims(config, 1), None,
+    dims = resolve_parallel_dims(config, 1, model_spec(config.model.model).layout_rules)
+    model = ParallelModel(plan, model_shape(config, TINY_VOCAB, 1), dims, None,
                           config.parallelism, torch.device("cpu"), config.data.seed, checkpoint_activations=False,
                           autocast_dtype=None)
     assert devices_at_build == [{"meta"}]

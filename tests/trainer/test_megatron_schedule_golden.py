@@ -35,7 +35,7 @@ def _configs(flags: dict) -> tuple[OptimizerConfig, TrainingConfig, dict]:
     args = {**DEFAULTS, **flags}
     optimizer_flags = {k: v for k, v in args.items() if k in OPTIMIZER_FIELDS and v is not None}
     optimizer = OptimizerConfig(**optimizer_flags)
-    # The batch-size ramps are refused by `train` (TrainingConfig); the schedule only reads the run's length.
+    # The schedule only reads the run's length (the ramps' train loop: test_megatron_flags_batch_ramps.py).
     gbs = args["global_batch_size"] or args["micro_batch_size"] * args["data_parallel_size"]
     training = TrainingConfig(train_iters=args["train_iters"], train_samples=args["train_samples"],
                               global_batch_size=gbs if args["train_samples"] else None)

@@ -150,10 +150,6 @@ def test_megatron_names_and_defaults():
     (["--lr-warmup-init", "1", "--lr", "0.5"], "--lr-warmup-init (1.0) is larger than lr (0.5)"),
     (["--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"],
      "give either --override-opt-param-scheduler or --use-checkpoint-opt-param-scheduler"),
-    (["--rampup-batch-size", "2", "2", "40", "--train-samples", "80", "--global-batch-size", "8"],
-     "--rampup-batch-size: a global batch that changes during the run is not supported by train yet"),
-    (["--step-batch-size-schedule", "0:2 480:4", "--train-samples", "80"],
-     "--step-batch-size-schedule: a global batch that changes during the run is not supported by train yet"),
 ])
 def test_schedule_flags_that_cannot_apply_are_one_line(argv, expected, tiny_prefix, cache_dir, capsys):
     config = tiny_config(tiny_prefix, cache_dir)

@@ -25,7 +25,8 @@ from test_t5_hf import PAD
 from trainer_testing import argv_for, tiny_config
 
 from trainer.errors import TrainConfigError
-from trainer.generation.generate import GenerateConfig, check_generation, generate
+from trainer.generation.generate import GenerateConfig
+from trainer.models.dispatch import check_generation, generate
 from trainer.generation.sampling import SamplingConfig
 from trainer.checkpoint.hf_files import read_hf_config, write_json
 

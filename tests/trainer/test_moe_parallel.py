@@ -8,6 +8,7 @@ from trainer_testing import run_in_processes, tiny_config
 
 from trainer.config import MoEConfig
 from trainer.errors import TrainConfigError
+from trainer.models import model_spec
 from trainer.parallel.dims import resolve_parallel_dims
 
 # The bar for dropless expert parallelism: the loss curve within 1e-4 of one process's.
@@ -67,7 +68,7 @@ def test_expert_layout_rules_are_checked_up_front_with_one_line(tiny_prefix, cac
     config = tiny_config(tiny_prefix, cache_dir, num_layers=2, **layout)
     config = dataclasses.replace(config, moe=MoEConfig(**overrides))
     with pytest.raises(TrainConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        resolve_parallel_dims(config, world_size)
+        resolve_parallel_dims(config, world_size, model_spec(config.model.model).layout_rules)
 
 
 @pytest.mark.slow  # 4-rank runs

@@ -19,6 +19,7 @@ from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.gpt.parallelize import apply_tp
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
+from trainer.models import model_spec
 from trainer.parallel.dims import resolve_parallel_dims
 
 # The bar for dropless MoE in any layout: the loss curve within 1e-4 of one process's.
@@ -103,13 +104,15 @@ def test_a_checkpoint_saved_at_ep2_by_pp2_resumes_in_one_process_on_its_curve(
 
 
 def test_moe_with_tensor_and_pipeline_parallelism_and_fsdp_with_ep_passes_the_layout_rules(tiny_prefix, cache_dir):
-    dims = resolve_parallel_dims(moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2), 4)
+    config = moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2)
+    dims = resolve_parallel_dims(config, 4, model_spec(config.model.model).layout_rules)
     assert (dims.dp, dims.tp, dims.ep) == (2, 2, 2)
-    dims = resolve_parallel_dims(moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2, pp=2), 8)
+    config = moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2, pp=2)
+    dims = resolve_parallel_dims(config, 8, model_spec(config.model.model).layout_rules)
     assert (dims.pp, dims.dp, dims.tp, dims.ep) == (2, 2, 2, 2)
     config = moe_config(tiny_prefix, cache_dir, 2, ep=2, tp=2)  # ZeRO-3: experts over expert_dp (test_moe_zero.py)
     config = dataclasses.replace(config, parallelism=dataclasses.replace(config.parallelism, zero_stage=3))
-    dims = resolve_parallel_dims(config, 4)
+    dims = resolve_parallel_dims(config, 4, model_spec(config.model.model).layout_rules)
     assert (dims.dp, dims.tp, dims.ep) == (2, 2, 2)
 
 

@@ -25,6 +25,7 @@ from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import MoEConfig, PrecisionConfig
 from trainer.metrics.records import read_run
 from trainer.moe.parallel import expert_shard_placement
+from trainer.models import model_spec
 from trainer.parallel.dims import resolve_parallel_dims
 
 # fp32: the stages sum the same gradients in another order (reduce-scatter or all-reduce, over expert_dp or
@@ -165,7 +166,8 @@ def test_a_checkpoint_saved_at_ep2_stage3_resumes_at_ep1_stage0_and_ep2_stage1(
 
 @pytest.mark.parametrize("stage", [2, 3])
 def test_expert_parallelism_is_accepted_at_the_fsdp2_stages(tiny_prefix, cache_dir, stage):
-    dims = resolve_parallel_dims(moe_config(tiny_prefix, cache_dir, ep=2, stage=stage), 4)
+    config = moe_config(tiny_prefix, cache_dir, ep=2, stage=stage)
+    dims = resolve_parallel_dims(config, 4, model_spec(config.model.model).layout_rules)
     assert (dims.dp, dims.ep) == (4, 2)
 
 

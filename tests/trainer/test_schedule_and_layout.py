@@ -10,6 +10,7 @@ from trainer.errors import TrainConfigError
 from trainer.models.gpt.training import flops_per_token
 from trainer.models.gpt.model import GPTShape
 from trainer.optim.optimizer import LossScaler
+from trainer.models import model_spec
 from trainer.parallel.dims import pad_vocab_size, resolve_parallel_dims
 
 
@@ -69,7 +70,7 @@ def test_vocab_padding_matches_megatron():
 
 def test_layout_derives_accumulation_from_global_batch():
     config = tiny_config("unused", "unused", tp=2)
-    dims = resolve_parallel_dims(config, world_size=4)
+    dims = resolve_parallel_dims(config, 4, model_spec(config.model.model).layout_rules)
     assert (dims.pp, dims.dp, dims.tp, dims.num_microbatches) == (1, 2, 2, 2)
     assert dims.global_batch_size == 8
 
@@ -77,7 +78,7 @@ def test_layout_derives_accumulation_from_global_batch():
 def test_interleaved_schedule_needs_layers_per_chunk_to_divide():
     config = tiny_config("unused", "unused", pp=2, schedule="interleaved", virtual_layers=3)
     with pytest.raises(TrainConfigError, match="num_layers_per_virtual_pipeline_stage"):
-        resolve_parallel_dims(config, world_size=2)
+        resolve_parallel_dims(config, 2, model_spec(config.model.model).layout_rules)
 
 
 def test_gpt2_small_flops_match_the_6n_rule():

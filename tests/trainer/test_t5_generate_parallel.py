@@ -29,7 +29,8 @@ from safetensors.torch import save_file
 
 from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 from trainer.errors import TrainConfigError
-from trainer.generation.generate import GenerateConfig, check_generation, generate
+from trainer.generation.generate import GenerateConfig
+from trainer.models.dispatch import check_generation, generate
 from trainer.generation.sampling import SamplingConfig
 from trainer.checkpoint.hf_files import read_hf_config, tokenizer_config_for_directory, write_json
 from trainer.models.t5.model import T5Shape

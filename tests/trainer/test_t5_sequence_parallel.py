@@ -20,6 +20,7 @@ from trainer_testing import t5_config
 
 from trainer.data.batches import SAMPLE_ID_KEY
 from trainer.errors import TrainConfigError
+from trainer.models import model_spec
 from trainer.parallel.dims import resolve_parallel_dims
 
 DROPOUT = 0.1
@@ -103,7 +104,7 @@ def test_sequence_parallel_needs_both_lengths_divisible_by_tp(tmp_path, data_tes
     config = dataclasses.replace(config, t5=dataclasses.replace(config.t5, encoder_seq_length=lengths[0],
                                                                 decoder_seq_length=lengths[1]))
     if message is None:
-        assert resolve_parallel_dims(config, 2).tp == 2
+        assert resolve_parallel_dims(config, 2, model_spec(config.model.model).layout_rules).tp == 2
         return
     with pytest.raises(TrainConfigError, match=message):
-        resolve_parallel_dims(config, 2)
+        resolve_parallel_dims(config, 2, model_spec(config.model.model).layout_rules)

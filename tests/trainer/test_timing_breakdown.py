@@ -73,7 +73,7 @@ def test_a_disabled_step_timer_reports_nothing():
     assert timer.take(steps=1) == {}
 
 
-def test_level_2_megatrons_per_micro_batch_timers_is_refused_with_one_line():
+def test_a_level_above_megatrons_2_is_refused_with_one_line():
     with pytest.raises(TrainConfigError) as error:
-        LoggingConfig(timing_log_level=2)
-    assert str(error.value) == "`timing_log_level` must be in [0, 1], got 2"
+        LoggingConfig(timing_log_level=3)
+    assert str(error.value) == "`timing_log_level` must be in [0, 2], got 3"

@@ -107,16 +107,17 @@ def test_parallel_layouts_follow_the_single_process_run(sentence_prefix, data_te
 
 
 def test_t5_layout_rules_name_the_decoder_layers(sentence_prefix, data_test, t5_reference):
+    from trainer.models import model_spec
     from trainer.parallel.dims import resolve_parallel_dims
 
     config = t5_config(sentence_prefix, data_test, t5_reference["cache"], pipeline_model_parallel_size=3)
     with pytest.raises(TrainConfigError, match=r"num_layers \+ decoder_num_layers \(2 \+ 2\) is not divisible by "
                                                r"pipeline_model_parallel_size \(3\)"):
-        resolve_parallel_dims(config, 3)
+        resolve_parallel_dims(config, 3, model_spec(config.model.model).layout_rules)
     config = dataclasses.replace(config, parallelism=ParallelismConfig(tensor_model_parallel_size=2,
                                                                        sequence_parallel=True))
     # Sequence parallelism is accepted (32 and 16 positions split over tp 2; `test_t5_sequence_parallel`).
-    assert resolve_parallel_dims(config, 2).tp == 2
+    assert resolve_parallel_dims(config, 2, model_spec(config.model.model).layout_rules).tp == 2
 
 
 def test_bf16_and_activation_checkpointing_follow_the_fp32_run(sentence_prefix, data_test, t5_reference):

@@ -1,23 +1,13 @@
 """``convert-checkpoint``: Hugging Face directories <-> tokenmill checkpoints, for any model family.
 
-The command's config and its dispatch: the family of the source (a HF directory's ``model_type``, a
-checkpoint's ``model_config.json``) converts (`trainer.models.spec.ModelSpec.import_hf_checkpoint` and
-``export_hf_checkpoint``; GPT's in `trainer.models.gpt.convert`, T5's in `trainer.models.t5.convert`).
-
-    convert_checkpoint(ConvertCheckpointConfig(from_hf="gpt2/", to="checkpoints/gpt2"))
-    convert_checkpoint(ConvertCheckpointConfig(from_checkpoint="checkpoints/run1", to_hf="gpt2-finetuned/"))
+The command's config. The family of the source (a HF directory's ``model_type``, a checkpoint's
+``model_config.json``) converts (`trainer.family.spec.ModelSpec.import_hf_checkpoint` and
+``export_hf_checkpoint``); `trainer.models.dispatch.convert_checkpoint` finds it.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
-
-from trainer.checkpoint.store import MODEL_CONFIG_FILE, resolve_checkpoint
-from trainer.checkpoint.lengths import sequence_length_defaults
-from trainer.models import spec_for_checkpoint, spec_for_hf_directory
 
 
 @dataclass(kw_only=True, slots=True)
@@ -57,24 +47,3 @@ class ConvertCheckpointConfig:
         for name in ("make_vocab_size_divisible_by", "tensor_model_parallel_size", "num_attention_heads", "vocab_size"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
-
-
-def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """Defaults that ``train --load ROOT`` takes from a checkpoint root, by `TrainConfig` section: what its
-    family's spec reads from ``model_config.json`` and the tokenizer files, and the sequence lengths
-    (`trainer.checkpoint.lengths`). {} for a root without a model
-    config (an empty directory: training starts from scratch)."""
-    if not (Path(root) / MODEL_CONFIG_FILE).is_file():
-        return {}
-    sections = spec_for_checkpoint(root).checkpoint_train_defaults(root)
-    for section, values in sequence_length_defaults(root).items():
-        sections[section] = {**sections.get(section, {}), **values}
-    return sections
-
-
-def convert_checkpoint(config: ConvertCheckpointConfig) -> Path:
-    """Run one conversion; returns what was written (the checkpoint directory or the HF directory)."""
-    if config.from_hf is not None:
-        return spec_for_hf_directory(config.from_hf).import_hf_checkpoint(config)
-    root, _ = resolve_checkpoint(config.from_checkpoint)
-    return spec_for_checkpoint(root).export_hf_checkpoint(config)

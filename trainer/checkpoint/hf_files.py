@@ -33,6 +33,7 @@ from trainer.errors import HFConversionError
 from trainer.checkpoint.tokenizer_record import (
     GPT2_MERGES,
     GPT2_VOCAB,
+    LLAMA_SPM,
     T5_SPIECE,
     TOKENIZER_JSON,
     WORDPIECE_VOCAB,
@@ -49,8 +50,8 @@ INDEX_SUFFIX = ".index.json"
 WEIGHT_FILES = (SAFETENSORS_FILE, SAFETENSORS_FILE + INDEX_SUFFIX, PYTORCH_FILE, PYTORCH_FILE + INDEX_SUFFIX)
 # transformers refuses safetensors files whose metadata does not name the framework.
 SAFETENSORS_METADATA = {"format": "pt"}
-TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, WORDPIECE_VOCAB, "tokenizer_config.json",
-                   "special_tokens_map.json")
+TOKENIZER_FILES = (GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON, T5_SPIECE, LLAMA_SPM, WORDPIECE_VOCAB,
+                   "tokenizer_config.json", "special_tokens_map.json")
 TEMP_SUFFIX = ".tmp"
 # The folder of a Hugging Face cache that holds one folder per downloaded revision.
 HUB_SNAPSHOTS_FOLDER = "snapshots"
@@ -232,8 +233,9 @@ def tokenizer_config_for_directory(directory: str | os.PathLike) -> TokenizerCon
 
     A checkpoint's own record (its ``tokenizer_settings.json``) comes first; otherwise the files tell:
     GPT-2's ``vocab.json`` + ``merges.txt`` give Megatron's GPT2BPETokenizer (what GPT-2 models use);
-    otherwise a ``tokenizer.json`` gives the HuggingFaceTokenizer, and T5's ``spiece.model`` the
-    GPTSentencePieceTokenizer (the plain SentencePiece model, as T5Tokenizer reads it).
+    otherwise a ``tokenizer.json`` gives the HuggingFaceTokenizer, T5's ``spiece.model`` the
+    GPTSentencePieceTokenizer (the plain SentencePiece model, as T5Tokenizer reads it), and Llama's
+    ``tokenizer.model`` the Llama2Tokenizer (BOS before every text, as LlamaTokenizer reads it).
     """
     root = Path(directory)
     recorded = recorded_tokenizer(root)
@@ -246,6 +248,8 @@ def tokenizer_config_for_directory(directory: str | os.PathLike) -> TokenizerCon
         return TokenizerConfig(tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(root / TOKENIZER_JSON))
     if (root / T5_SPIECE).is_file():
         return TokenizerConfig(tokenizer_type="GPTSentencePieceTokenizer", tokenizer_model=str(root / T5_SPIECE))
+    if (root / LLAMA_SPM).is_file():
+        return TokenizerConfig(tokenizer_type="Llama2Tokenizer", tokenizer_model=str(root / LLAMA_SPM))
     return None
 
 

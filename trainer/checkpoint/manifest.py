@@ -44,29 +44,30 @@ Block = tuple[str, int]
 """(file name, block index)."""
 
 
-def _rank_and_world() -> tuple[int, int]:
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        return dist.get_rank(), dist.get_world_size()
+def _rank_and_world(group: dist.ProcessGroup | None = None) -> tuple[int, int]:
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        return dist.get_rank(group), dist.get_world_size(group)
     return 0, 1
 
 
-def _digests(directory: Path, blocks: list[Block], block_bytes: int, shared: bool) -> dict[Block, str]:
-    """Digests of ``blocks``, hashed by this process's threads; with ``shared`` (collective when
-    distributed) this rank hashes every world-th block and every rank then receives all of them."""
-    rank, world = _rank_and_world() if shared else (0, 1)
+def _digests(directory: Path, blocks: list[Block], block_bytes: int, shared: bool,
+             group: dist.ProcessGroup | None = None) -> dict[Block, str]:
+    """Digests of ``blocks``, hashed by this process's threads; with ``shared`` (collective over ``group``, default
+    the world, when distributed) this rank hashes every world-th block and every rank then receives all of them."""
+    rank, world = _rank_and_world(group) if shared else (0, 1)
     digests = block_digests(directory, blocks[rank::world], block_bytes)
     if world > 1:
         gathered: list[dict[Block, str] | None] = [None] * world
-        dist.all_gather_object(gathered, digests)
+        dist.all_gather_object(gathered, digests, group=group)
         digests = {block: digest for part in gathered for block, digest in part.items()}
     return digests
 
 
-def write_manifest(directory: Path, is_writer: bool = True) -> None:
-    """Hash every file of ``directory`` and write ``manifest.json`` (collective when distributed: every rank
-    hashes a share; ``is_writer`` says which rank writes the file)."""
+def write_manifest(directory: Path, is_writer: bool = True, group: dist.ProcessGroup | None = None) -> None:
+    """Hash every file of ``directory`` and write ``manifest.json`` (collective over ``group``, default the world,
+    when distributed: every rank hashes a share; ``is_writer`` says which rank writes the file)."""
     sizes = {p.name: p.stat().st_size for p in directory.iterdir() if p.is_file() and p.name != MANIFEST_FILE}
-    digests = _digests(directory, file_blocks(sizes, BLOCK_BYTES), BLOCK_BYTES, shared=True)
+    digests = _digests(directory, file_blocks(sizes, BLOCK_BYTES), BLOCK_BYTES, shared=True, group=group)
     if not is_writer:
         return
     files = {name: {"bytes": size, MANIFEST_ALGORITHM: [digests[block] for block in file_blocks({name: size}, BLOCK_BYTES)]}

@@ -135,6 +135,7 @@ def check_transformer_shape(shape: Any, shape_type: type, source: str, prefix: s
     check_model_sizes({**shape, MOE_EXPERTS: experts}, source, SHAPE_SPELLINGS, _decoder_parameters,
                       ("num_layers", "hidden_size", "ffn_hidden_size", "padded_vocab_size", "max_position_embeddings",
                        MOE_EXPERTS), ("num_layers",), prefix)
-    check_divides(source, f"{prefix}hidden_size", shape["hidden_size"], f"{prefix}num_attention_heads",
-                  shape["num_attention_heads"])
+    if shape.get("kv_channels") is None:  # given channels per head free the width from the head count
+        check_divides(source, f"{prefix}hidden_size", shape["hidden_size"], f"{prefix}num_attention_heads",
+                      shape["num_attention_heads"])
     return shape

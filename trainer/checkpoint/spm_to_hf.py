@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 import sentencepiece
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, processors
 
 # ModelProto (sentencepiece_model.proto) fields read here: normalizer_spec = 3, trainer_spec = 2; in
 # TrainerSpec model_type = 3 and byte_fallback = 35; in NormalizerSpec precompiled_charsmap = 2,
@@ -106,7 +106,8 @@ def _bpe_merges(pieces: list[tuple[str, float]]) -> list[tuple[str, str]]:
     return [(left, right) for *_, left, right in sorted(ranked)]
 
 
-def spm_tokenizer(model_file: str | os.PathLike, special_tokens: Mapping[str, int] = MappingProxyType({})) -> Tokenizer:
+def spm_tokenizer(model_file: str | os.PathLike, special_tokens: Mapping[str, int] = MappingProxyType({}),
+                  prefix: tuple[int, ...] = ()) -> Tokenizer:
     """The `tokenizers` twin of a SentencePiece model: same ids as ``encode_as_ids``.
 
     Args:
@@ -114,6 +115,8 @@ def spm_tokenizer(model_file: str | os.PathLike, special_tokens: Mapping[str, in
         special_tokens: name -> id of the tokenizer's special tokens; those past the model's pieces (Megatron's
             SentencePieceTokenizer appends ``<CLS>``, ``<SEP>``, ``<EOD>``, ...) are added in id order, so that
             they keep their ids and are cut out of a text before it is encoded, as that tokenizer does.
+        prefix: ids put before every text (Llama2Tokenizer's BOS), by a post-processor, so that
+            ``add_special_tokens=True`` (transformers' default) gives the tokenizer's ids.
 
     Raises:
         ValueError: a model type other than Unigram or BPE (word/char models are not converted).
@@ -148,10 +151,16 @@ def spm_tokenizer(model_file: str | os.PathLike, special_tokens: Mapping[str, in
         if token_id != expected:
             raise ValueError(f"{model_file}: special token {name!r} has id {token_id}, expected {expected}")
         tokenizer.add_special_tokens([name])
+    if prefix:
+        pieces_of = [(pieces[token_id][0], token_id) for token_id in prefix]
+        template = " ".join(piece for piece, _ in pieces_of)
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=f"{template} $A", pair=f"{template} $A {template} $B:1", special_tokens=sorted(set(pieces_of)))
     return tokenizer
 
 
 def write_spm_tokenizer_json(model_file: str | os.PathLike, path: str | os.PathLike,
-                             special_tokens: Mapping[str, int] = MappingProxyType({})) -> None:
+                             special_tokens: Mapping[str, int] = MappingProxyType({}),
+                             prefix: tuple[int, ...] = ()) -> None:
     """Write the `spm_tokenizer` of ``model_file`` to ``path`` (the caller renames it into place)."""
-    spm_tokenizer(model_file, special_tokens).save(str(path))
+    spm_tokenizer(model_file, special_tokens, prefix).save(str(path))

@@ -69,6 +69,8 @@ _SHOWN_CHARS = 40
 _SHARD_SUFFIX = ".distcp"
 # One checkpoint's directory under a root: iter_0000100.
 ITERATION_DIR = re.compile(r"^iter_(\d+)$")
+# The files of a Megatron --ckpt-format torch iteration directory (one per model-parallel rank).
+LEGACY_TORCH_FILES = "mp_rank_*/model_optim_rng.pt"
 METADATA_FILE = ".metadata"
 # Every global DCP's ``.metadata`` pickle names (torch 2.13, read off checkpoints of every dtype we save):
 # its metadata dataclasses, the storage record of the file system writer, the memory-format enum, the layout
@@ -155,9 +157,9 @@ def _is_distributed() -> bool:
     return dist.is_initialized() and dist.get_world_size() > 1
 
 
-def _barrier() -> None:
+def _barrier(group: dist.ProcessGroup | None = None) -> None:
     if _is_distributed():
-        dist.barrier()
+        dist.barrier(group=group)
 
 
 def _is_rank0() -> bool:
@@ -177,8 +179,32 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, to
         CheckpointError: the disk has no room for it (checked first against the tensors' bytes, and again
             if the disk fills during the write), or the directory cannot be written; on every rank.
     """
+    temp, needed = begin_save(root, iteration, state)
+    try:
+        _barrier()
+        with warnings.catch_warnings():
+            # Single-process DCP warns that it assumes a single process, which is what we mean.
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save(state, checkpoint_id=temp, no_dist=not _is_distributed())
+        complete_save(root, iteration, temp)
+    except BaseException as error:
+        if _is_rank0():
+            shutil.rmtree(temp, ignore_errors=True)
+        raise save_failure(error, root, needed) from None
+    _barrier()
+    return checkpoint_dir(root, iteration)
+
+
+def begin_save(root: str | os.PathLike, iteration: int, state: dict[str, torch.Tensor]) -> tuple[Path, int]:
+    """The first part of a save (collective): remove stale staging, refuse a disk without room for ``state``.
+
+    Returns:
+        The staging directory of checkpoint ``iteration`` and the bytes the checkpoint needs.
+
+    Raises:
+        CheckpointError: the disk has no room for it (on every rank).
+    """
     final = checkpoint_dir(root, iteration)
-    temp = final.with_name(final.name + TEMP_SUFFIX)
     if _is_rank0():
         Path(root).mkdir(parents=True, exist_ok=True)
         # Staging left by a process that was killed outright (SIGKILL, a launcher's stop of its workers). A run
@@ -187,33 +213,30 @@ def save_checkpoint(root: str | os.PathLike, iteration: int, state: dict[str, to
             shutil.rmtree(stale, ignore_errors=True)
     needed = _checkpoint_bytes(state)
     refuse_on_every_rank(free_space_shortfall(root, needed) if _is_rank0() else None)
-    try:
-        _barrier()
-        with warnings.catch_warnings():
-            # Single-process DCP warns that it assumes a single process, which is what we mean.
-            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save(state, checkpoint_id=temp, no_dist=not _is_distributed())
-        if _is_rank0():
-            mark_manifested(temp)
-        _barrier()
-        write_manifest(temp, is_writer=_is_rank0())
-        if _is_rank0():
-            shutil.rmtree(final, ignore_errors=True)
-            os.replace(temp, final)
-            pointer = Path(root) / LATEST_FILE
-            pointer_temp = pointer.with_name(pointer.name + TEMP_SUFFIX)
-            try:
-                pointer_temp.write_text(f"{iteration}\n")
-                os.replace(pointer_temp, pointer)
-            finally:
-                pointer_temp.unlink(missing_ok=True)
-            logger.info("saved checkpoint %s", final)
-    except BaseException as error:
-        if _is_rank0():
-            shutil.rmtree(temp, ignore_errors=True)
-        raise _save_failure(error, root, needed) from None
-    _barrier()
-    return final
+    return final.with_name(final.name + TEMP_SUFFIX), needed
+
+
+def complete_save(root: str | os.PathLike, iteration: int, temp: Path,
+                  group: dist.ProcessGroup | None = None) -> None:
+    """The last part of a save, once every rank's DCP files are in ``temp`` (collective over ``group``, default
+    the whole world): the manifest, then the rename to the final name, then the pointer: a checkpoint is
+    named, and pointed to, only when it is complete."""
+    final = checkpoint_dir(root, iteration)
+    if _is_rank0():
+        mark_manifested(temp)
+    _barrier(group)
+    write_manifest(temp, is_writer=_is_rank0(), group=group)
+    if _is_rank0():
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(temp, final)
+        pointer = Path(root) / LATEST_FILE
+        pointer_temp = pointer.with_name(pointer.name + TEMP_SUFFIX)
+        try:
+            pointer_temp.write_text(f"{iteration}\n")
+            os.replace(pointer_temp, pointer)
+        finally:
+            pointer_temp.unlink(missing_ok=True)
+        logger.info("saved checkpoint %s", final)
 
 
 def _checkpoint_bytes(state: dict[str, torch.Tensor]) -> int:
@@ -238,7 +261,7 @@ def refuse_on_every_rank(message: str | None) -> None:
         raise CheckpointError(message)
 
 
-def _save_failure(error: BaseException, root: str | os.PathLike, needed: int) -> BaseException:
+def save_failure(error: BaseException, root: str | os.PathLike, needed: int) -> BaseException:
     """What a failed save raises: the interruption itself (SIGTERM, Ctrl-C), one line for a full disk or
     an unwritable directory, any other error as it is (a bug keeps its traceback)."""
     if isinstance(error, CheckpointException):
@@ -294,6 +317,10 @@ def latest_iteration(root: str | os.PathLike) -> int | None:
     if not text.isdigit():
         raise CheckpointError(f"{pointer}: expected an iteration number, found {text[:_SHOWN_CHARS]!r}: {hint}")
     iteration = int(text)
+    legacy = next(checkpoint_dir(root, iteration).glob(LEGACY_TORCH_FILES), None)
+    if legacy is not None:
+        raise CheckpointError(f"{legacy} is a Megatron --ckpt-format torch checkpoint (per-rank files): train reads "
+                              "torch_dist checkpoints only (Megatron's tools/checkpoint/convert.py converts it)")
     if not (checkpoint_dir(root, iteration) / METADATA_FILE).exists():
         raise CheckpointError(f"{pointer} names iteration {iteration} but {checkpoint_dir(root, iteration)} "
                               "is missing or incomplete")
@@ -335,10 +362,33 @@ def _latest_complete_iteration(root: str | os.PathLike) -> int | None:
     return None
 
 
-def is_model_only_checkpoint(root: str | os.PathLike, iteration: int, verify: bool = True) -> bool:
-    """True for a checkpoint holding ``model.*`` tensors only (what ``convert-checkpoint --from-hf`` writes)."""
-    saved = SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata
-    return all(name.startswith(MODEL_PREFIX) for name in saved)
+def remove_old_checkpoints(root: str | os.PathLike, keep: int, protected: frozenset[int] = frozenset()) -> list[int]:
+    """Remove the complete checkpoints of ``root`` older than its latest ``keep`` complete ones, except the
+    iterations ``protected`` (the one the run loaded from); call on one rank, after a save.
+
+    Each is first renamed to its staging name (atomic), so a crash during the removal leaves a directory that
+    no load takes for a checkpoint (the next save deletes it).
+
+    Returns:
+        The removed iterations.
+    """
+    root = Path(root)
+    complete = sorted(iteration for iteration in (int(m.group(1)) for m in map(ITERATION_DIR.match, os.listdir(root))
+                                                  if m) if is_complete(checkpoint_dir(root, iteration)))
+    protected = protected | {latest_iteration(root)}
+    removed = [iteration for iteration in complete[:-keep] if iteration not in protected]
+    for iteration in removed:
+        directory = checkpoint_dir(root, iteration)
+        doomed = directory.with_name(directory.name + TEMP_SUFFIX)
+        os.replace(directory, doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+        logger.info("removed checkpoint %s (keeping the latest %d)", directory, keep)
+    return removed
+
+
+def saved_names(root: str | os.PathLike, iteration: int, verify: bool = True) -> frozenset[str]:
+    """The names of the tensors checkpoint ``iteration`` holds (read from its ``.metadata``)."""
+    return frozenset(SafeFileSystemReader(checkpoint_dir(root, iteration), verify).read_metadata().state_dict_metadata)
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> tuple[Path, int]:

@@ -96,9 +96,11 @@ def _write_hf_description(root: Path, tokenizer: TokenizerConfig, stored: Tokeni
         config = {"tokenizer_class": "BertTokenizer", "do_lower_case": kind == "BertWordPieceLowerCase",
                   **BERT_SPECIAL_TOKENS}
     else:  # SentencePiece: a tokenizer.json transformers reads without protobuf
-        replace_atomically(root / TOKENIZER_JSON,
-                           lambda temp: write_spm_tokenizer_json(stored.tokenizer_model, temp, built.special_tokens))
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens}
+        prefix = built.affixes[0]  # Llama2Tokenizer's BOS
+        replace_atomically(root / TOKENIZER_JSON, lambda temp: write_spm_tokenizer_json(
+            stored.tokenizer_model, temp, built.special_tokens, prefix))
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **tokens,
+                  **({"bos_token": names[prefix[0]]} if prefix else {})}
     write_json(root / HF_SPECIAL_TOKENS_MAP, {key: value for key, value in config.items() if key.endswith("_token")})
     write_json(root / HF_TOKENIZER_CONFIG, config)
 

@@ -20,6 +20,8 @@ from trainer.errors import CheckpointError
 # Hugging Face's tokenizer file names: GPT-2's, a tokenizer.json, T5/mT5's SentencePiece model, BERT's WordPiece.
 GPT2_VOCAB, GPT2_MERGES, TOKENIZER_JSON = "vocab.json", "merges.txt", "tokenizer.json"
 T5_SPIECE = "spiece.model"
+LLAMA_SPM = "tokenizer.model"
+"""Llama's (and Mistral's, Mixtral's) SentencePiece model, read as Megatron's Llama2Tokenizer."""
 WORDPIECE_VOCAB = "vocab.txt"
 SETTINGS_FILE = "tokenizer_settings.json"
 # The file name each tokenizer file takes in a checkpoint, by tokenizer type and `TokenizerConfig` field.
@@ -29,6 +31,7 @@ STORED_NAMES: dict[str, dict[str, str]] = {
     "BertWordPieceCase": {"vocab_file": WORDPIECE_VOCAB},
     "SentencePieceTokenizer": {"tokenizer_model": T5_SPIECE},
     "GPTSentencePieceTokenizer": {"tokenizer_model": T5_SPIECE},
+    "Llama2Tokenizer": {"tokenizer_model": LLAMA_SPM},
     "HuggingFaceTokenizer": {"tokenizer_model": TOKENIZER_JSON},
     "NullTokenizer": {},
 }

@@ -20,7 +20,8 @@ import sys
 from indexed_dataset.cli_parser import CommandParser
 from indexed_dataset.errors import REPORTED_ERRORS
 from trainer.cli.flags import flags_in_message
-from trainer.checkpoint.hf_convert import ConvertCheckpointConfig, convert_checkpoint
+from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
+from trainer.models.dispatch import convert_checkpoint
 
 PROG = "convert-checkpoint"
 EXIT_ERROR = 1

@@ -31,6 +31,7 @@ from trainer.evaluation.detokenize import AUTO, DETOKENIZERS
 from trainer.evaluation.evaluate import TASKS, EvaluateConfig, check_evaluation, evaluate
 from trainer.evaluation.scoring import EvalModelConfig
 from trainer.checkpoint.hf_files import is_hf_directory
+from trainer.models.dispatch import resolve_scoring_source
 
 PROG = "evaluate"
 
@@ -84,7 +85,18 @@ def config_from_args(args: argparse.Namespace) -> tuple[EvaluateConfig, LaunchCo
     return config, launch_config_from_args(args)
 
 
-COMMAND = CollectiveCommand(prog=PROG, build_parser=build_parser, run=evaluate, check=check_evaluation)
+def _run(config: EvaluateConfig) -> dict:
+    """`evaluate` on the model as its family scores it (the registry finds the family)."""
+    return evaluate(config, resolve_scoring_source(config.model.load, config.model.tensor_model_parallel_size))
+
+
+def _check(config: EvaluateConfig, world_size: int) -> None:
+    """`check_evaluation` after the registry's own checks of the family and source."""
+    source = resolve_scoring_source(config.model.load, config.model.tensor_model_parallel_size)
+    check_evaluation(config, world_size, source)
+
+
+COMMAND = CollectiveCommand(prog=PROG, build_parser=build_parser, run=_run, check=_check)
 
 
 def format_record(record: dict) -> list[str]:

@@ -42,7 +42,8 @@ from trainer.cli.collective import (
 )
 from trainer.cli.train_args import option_name
 from trainer.config import LaunchConfig, MoEConfig
-from trainer.generation.generate import GenerateConfig, check_generation
+from trainer.generation.generate import GenerateConfig
+from trainer.models.dispatch import check_generation
 from trainer.generation.sampling import SamplingConfig
 from trainer.models import spec_for_source
 

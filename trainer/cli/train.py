@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
 from collections.abc import Iterator
 
@@ -42,9 +43,9 @@ from trainer.config import CheckpointConfig, PrecisionConfig, TrainConfig
 from trainer.cli.config_file import argv_with_config_file
 from trainer.data.batches import check_data_files
 from trainer.parallel.distributed import launch, under_launcher
-from trainer.errors import TrainConfigError
+from trainer.errors import CollectiveTimeoutError, TrainConfigError
 from trainer.checkpoint.store import check_load_path
-from trainer.checkpoint.hf_convert import checkpoint_train_defaults
+from trainer.models.dispatch import checkpoint_train_defaults
 from trainer.parallel.dims import resolve_parallel_dims
 from trainer.models import model_spec, spec_for_hf_directory
 from trainer.train import train
@@ -61,11 +62,14 @@ PER_RANK_DUPLICATE_LOGGERS = ("torch.distributed.tensor._redistribute",)
 logger = logging.getLogger(__name__)
 
 
-def _setup_logging(rank: int) -> None:
-    """INFO on rank 0, warnings only elsewhere: only rank 0 writes the log."""
+def _setup_logging(rank: int, level: int | None = None) -> None:
+    """INFO on rank 0, warnings only elsewhere: only rank 0 writes the log. ``level`` (--logging-level) replaces
+    rank 0's INFO, and the other ranks' WARNING when it is higher."""
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, format="%(message)s")
+    if rank == 0 and level is not None:
+        logging.getLogger().setLevel(level)
     if rank != 0:
-        logging.getLogger().setLevel(logging.WARNING)
+        logging.getLogger().setLevel(max(level or logging.WARNING, logging.WARNING))
         for name in PER_RANK_DUPLICATE_LOGGERS:
             logging.getLogger(name).setLevel(logging.ERROR)
 
@@ -76,13 +80,13 @@ def _fail(message: str) -> None:
 
 def _run(config: TrainConfig) -> int:
     """Train in this process (alone or under torchrun); our own errors become one line on stderr,
-    written by rank 0."""
+    written by rank 0 (a collective's timeout by the rank that waited: the others may be the stalled ones)."""
     rank = int(os.environ.get("RANK", "0"))
-    _setup_logging(rank)
+    _setup_logging(rank, config.observability.logging_level)
     try:
         train(config)
     except REPORTED_ERRORS as error:
-        if rank == 0:
+        if rank == 0 or isinstance(error, CollectiveTimeoutError):
             _fail(str(error))
         return EXIT_ERROR
     return 0
@@ -97,7 +101,7 @@ def _worker(config: TrainConfig) -> int:
     if config.training.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
         # What torchrun does for several processes per node: one intra-op thread each.
         torch.set_num_threads(1)
-    _setup_logging(int(os.environ.get("RANK", "0")))
+    _setup_logging(int(os.environ.get("RANK", "0")), config.observability.logging_level)
     try:
         train(config)
     except REPORTED_ERRORS as error:
@@ -112,6 +116,8 @@ def _failure_message(error: ChildFailedError) -> str:
     message = failure.message
     if isinstance(message, dict):  # the error file's {"message": ..., "extraInfo": ...}
         message = message.get("message", "")
+    if failure.exitcode < 0:  # (torch records "Signal 9 (SIGKILL) received by PID ...": not which rank)
+        return f"worker rank {rank} was killed by {failure.signal_name()}; see its output above"
     if failure.error_file_data and message:
         return message.split(": ", 1)[-1]
     return f"worker rank {rank} failed with exit code {failure.exitcode}; see its output above"
@@ -169,7 +175,7 @@ def _main(argv: list[str] | None) -> int:
         _fail(str(error))
         return EXIT_USAGE
     rank = int(os.environ.get("RANK", "0"))
-    _setup_logging(rank)
+    _setup_logging(rank, config.observability.logging_level)
     if rank == 0:
         _warn_about(config, args)
         for line in checkpoint_overrides(argv, args):
@@ -179,16 +185,20 @@ def _main(argv: list[str] | None) -> int:
         return _run(config)
     try:
         # Fail here, before any process starts, on what the workers would all reject.
-        resolve_parallel_dims(config, num_processes)
+        resolve_parallel_dims(config, num_processes, model_spec(config.model.model).layout_rules)
         check_data_files(config.data)
     except REPORTED_ERRORS as error:
         _fail(str(error))
         return EXIT_ERROR
     try:
+        training = config.training
         with _quiet_launcher_logs():
-            launch(config.launch, _worker, config)
+            launch(config.launch, _worker, config,
+                   forward_signal=signal.Signals[training.exit_signal] if training.exit_signal_handler else None)
     except ChildFailedError as error:
-        _fail(_failure_message(error))
+        restarts = config.launch.max_restarts
+        after = f" (after {restarts} restart{'s' if restarts > 1 else ''}, max_restarts)" if restarts else ""
+        _fail(_failure_message(error) + after)
         return EXIT_ERROR
     except SignalException as error:  # the launcher's own SIGTERM/SIGINT handler: the workers are stopped
         raise Interrupted(error.sigval) from None

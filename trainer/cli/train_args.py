@@ -24,6 +24,10 @@ from indexed_dataset.cli_parser import CommandParser, finite_float
 from trainer.config import TrainConfig
 from trainer.cli.config_file import CONFIG_FLAG
 from trainer.errors import TrainConfigError
+from trainer.models import FAMILIES
+
+# Choices of fields the registry knows (the config, core, cannot import it): field name -> choices.
+REGISTRY_CHOICES = {"model": tuple(FAMILIES)}
 
 
 def _field_docstrings(cls: type) -> dict[str, str]:
@@ -55,8 +59,11 @@ def _sections() -> list[tuple[str, type]]:
 
 
 def _help(f: dataclasses.Field, doc: str) -> str:
-    """The field's docstring, then its valid range and the environment variables behind its default."""
+    """The field's docstring (a Megatron switch of the same math: that it changes nothing here, and why), then
+    its valid range and the environment variables behind its default."""
     text = " ".join(doc.split())
+    if f.metadata.get("same_math"):
+        text += f" Accepted for Megatron's scripts; changes nothing here: {f.metadata['same_math']}."
     if f.metadata.get("valid") is not None:
         text += f" Valid: {f.metadata['valid']}."
     if f.metadata.get("env"):
@@ -91,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
             if kind is float:
                 kind = finite_float
             group.add_argument(*names, type=kind, nargs=f.metadata.get("nargs"),
-                               choices=f.metadata.get("choices"), **kwargs)
+                               choices=REGISTRY_CHOICES.get(f.name, f.metadata.get("choices")), **kwargs)
     return parser
 
 

@@ -46,7 +46,7 @@ SAMPLE_ID_KEY = "sample_id"
 class MicroBatch(Protocol):
     """What the core reads of a family's micro-batch (a dataclass of the family's, in its ``data`` module):
     its loss targets and sample ids; the model's inputs are the family's
-    (`trainer.models.spec.ParallelPlan.model_inputs`)."""
+    (`trainer.parallel.plan.ParallelPlan.model_inputs`)."""
 
     targets: torch.Tensor
     """int64 [micro_batch_size, seq]: labels, IGNORE_INDEX where no loss is taken."""
@@ -144,16 +144,34 @@ def explained_sample_counts(run: RunLength, split: str) -> Iterator[None]:
 
 
 def step_iterator(dataset, consumed_samples: int, micro_batch_size: int, num_microbatches: int, dp_rank: int,
-                  dp: int, vocab_size: int, collate_fn: Callable) -> Iterator[list]:
+                  dp: int, vocab_size: int, collate_fn: Callable,
+                  batch_sizes: Callable[[int], int] | None = None) -> Iterator[list]:
     """This dp rank's micro-batches, one list per optimiser step, from ``consumed_samples`` on.
 
     ``collate_fn(items, vocab_size)`` stacks a micro-batch's items (the family's
-    `trainer.models.spec.TrainingParts.collate`).
+    `trainer.family.spec.TrainingParts.collate`). ``batch_sizes`` (a batch-size ramp, `TrainConfig.
+    batch_size_schedule`): consumed samples -> the next step's global batch, which sets that step's micro-batch
+    count instead of ``num_microbatches``; the samples stay in the global order, as Megatron's sampler reads them.
     """
     sampler = DataParallelSampler(total_samples=len(dataset), consumed_samples=consumed_samples,
                                   micro_batch_size=micro_batch_size, data_parallel_rank=dp_rank,
                                   data_parallel_size=dp)
-    return step_batches(dataset, sampler, num_microbatches, vocab_size, collate_fn)
+    if batch_sizes is None:
+        return step_batches(dataset, sampler, num_microbatches, vocab_size, collate_fn)
+    return _varying_steps(step_batches(dataset, sampler, 1, vocab_size, collate_fn), consumed_samples,
+                          micro_batch_size * dp, batch_sizes)
+
+
+def _varying_steps(single_microbatches: Iterator[list], consumed_samples: int, samples_per_microbatch: int,
+                   batch_sizes: Callable[[int], int]) -> Iterator[list]:
+    """Group one-micro-batch steps into steps of ``batch_sizes(consumed) // samples_per_microbatch`` each."""
+    while True:
+        count = batch_sizes(consumed_samples) // samples_per_microbatch
+        step = [microbatch for _, (microbatch,) in zip(range(count), single_microbatches)]
+        if len(step) < count:
+            return
+        consumed_samples += count * samples_per_microbatch
+        yield step
 
 
 def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

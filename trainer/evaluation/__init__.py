@@ -5,6 +5,6 @@
 - `perplexity`: perplexity over Megatron's overlapping windows, and WikiText's adjusted perplexity.
 - `detokenize`: Megatron's WikiText / PTB detokenisers.
 - `scoring`: the model split over processes, and teacher-forced scoring of token rows.
-- `harness`: lm-evaluation-harness's requests on our model; `lm_eval_adapter` registers it with lm-eval
+- `harness`: lm-evaluation-harness's requests on our model; `trainer.cli.lm_eval` registers it with lm-eval
   (the optional ``eval`` extra; nothing else imports lm-eval).
 """

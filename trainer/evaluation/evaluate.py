@@ -2,8 +2,9 @@
 
     from trainer.evaluation.evaluate import EvaluateConfig, evaluate
     from trainer.evaluation.scoring import EvalModelConfig
+    from trainer.models.dispatch import resolve_scoring_source
     record = evaluate(EvaluateConfig(model=EvalModelConfig(load="gpt2/"), task="perplexity",
-                                     data="wiki.test.tokens", overlapping_eval=32))
+                                     data="wiki.test.tokens", overlapping_eval=32), resolve_scoring_source("gpt2/", 1))
     record["ppl"], record["adjusted_ppl"]
 
 Collective: under torchrun (or ``evaluate --nproc-per-node N``) every rank calls `evaluate` and every rank
@@ -18,7 +19,7 @@ from trainer.errors import TrainConfigError
 from trainer.evaluation.detokenize import AUTO
 from trainer.evaluation.lambada import evaluate_lambada
 from trainer.evaluation.perplexity import evaluate_perplexity
-from trainer.evaluation.scoring import EvalModelConfig, open_eval_model, resolve_scoring_source
+from trainer.evaluation.scoring import EvalModelConfig, ScoringSource, open_eval_model
 
 TASKS = ("lambada", "perplexity")
 
@@ -50,19 +51,20 @@ class EvaluateConfig:
                 raise TrainConfigError(f"{name} must be positive, got {value}")
 
 
-def check_evaluation(config: EvaluateConfig, world_size: int) -> None:
-    """What every rank would reject, checked before any process starts (family, source, layout).
+def check_evaluation(config: EvaluateConfig, world_size: int, source: ScoringSource) -> None:
+    """What every rank would reject, checked before any process starts (the layout of ``source``, the model
+    as its family scores it: `trainer.models.dispatch.resolve_scoring_source` checks the family and source).
 
     Raises:
         TokenmillError: one clear message.
     """
     model = config.model
-    source = resolve_scoring_source(model.load, model.tensor_model_parallel_size)
     source.layout(model.tensor_model_parallel_size, model.pipeline_model_parallel_size, world_size)
 
 
-def evaluate(config: EvaluateConfig) -> dict:
-    """Run the task (collective over every process of the group).
+def evaluate(config: EvaluateConfig, source: ScoringSource) -> dict:
+    """Run the task (collective over every process of the group) on ``source``, the model of
+    ``config.model.load`` as its family scores it (`trainer.models.dispatch.resolve_scoring_source`).
 
     Returns:
         The result record (JSON-serialisable), identical on every rank.
@@ -71,7 +73,7 @@ def evaluate(config: EvaluateConfig) -> dict:
         TokenmillError: a bad model, layout or data file (one clear message, on every rank).
     """
     record: dict = {"task": config.task, "data": config.data}
-    with open_eval_model(config.model) as model:
+    with open_eval_model(config.model, source) as model:
         if config.task == "lambada":
             result = evaluate_lambada(model, config.data, config.strict_lambada)
             record |= {"strict_lambada": config.strict_lambada, "accuracy": result.accuracy,

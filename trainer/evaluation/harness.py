@@ -4,10 +4,9 @@
 trailing spaces of a context move to the continuation, ``context + continuation`` is encoded whole and
 split at the context's length, an empty context becomes the prefix (EOT) token, inputs keep their last
 ``max_length + 1`` tokens, and rolling log-likelihoods use its disjoint windows with one token of
-context. `trainer.evaluation.lm_eval_adapter` wraps it as lm-eval's ``tokenmill`` model; it also works
-on its own:
+context. `trainer.cli.lm_eval` wraps it as lm-eval's ``tokenmill`` model; it also works on its own:
 
-    with open_eval_model(EvalModelConfig(load="gpt2/")) as model:
+    with open_eval_model(EvalModelConfig(load="gpt2/"), resolve_scoring_source("gpt2/", 1)) as model:
         scorer = HarnessScorer(model)
         scorer.loglikelihood([("The capital of France is", " Paris")])  # -> [(log_prob, is_greedy)]
 """
@@ -23,7 +22,6 @@ import torch
 from trainer.errors import TrainConfigError
 from trainer.evaluation.scoring import EvalModel, ScoreRow, map_over_dp, score_rows
 from trainer.generation.sampling import SamplingConfig
-from trainer.models.gpt.generate import generate_ids
 
 # lm-eval's default number of generated tokens when a task gives no ``max_gen_toks``.
 DEFAULT_MAX_GEN_TOKS = 256
@@ -133,8 +131,8 @@ class HarnessScorer:
         # Left-truncated as lm-eval's HF model does: the context keeps its last (max_length - max_gen_toks).
         prompt = self.tok_encode(request.context)[-(self.max_length - request.max_gen_toks):] or [self.eot_token_id]
         generator = torch.Generator(device=self.model.sharded.device).manual_seed(SAMPLING_SEED)
-        ids = generate_ids(self.model.sharded, [prompt], request.max_gen_toks, request.sampling,
-                           self.eot_token_id, generator)[0]
+        ids = self.model.source.generate_ids(self.model.sharded, [prompt], request.max_gen_toks, request.sampling,
+                                             self.eot_token_id, generator)[0]
         text = self.tokenizer.decode(ids[:-1] if ids and ids[-1] == self.eot_token_id else ids)
         for stop in request.until:
             if stop:

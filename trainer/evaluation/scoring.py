@@ -4,10 +4,10 @@ Every evaluation (LAMBADA, perplexity windows, lm-eval's requests) is a list of 
 sequence and the range of its next-token targets that counts. `score_rows` runs them in right-padded
 batches through this rank's part of the model (the rows split round-robin over the data-parallel
 replicas; the head applied to the counted positions only) and gives every rank every row's `RowScore`.
-A family is evaluated when its `ModelSpec.scoring_source` gives a `ScoringSource` (GPT's:
-`trainer.models.gpt.generate.GPTSource`, scoring through `trainer.models.gpt.sharded.ShardedGPT`).
+A family is evaluated when its `ModelSpec.scoring_source` gives a `ScoringSource`; the registry finds it
+(`trainer.models.dispatch.resolve_scoring_source`), so this module never names a family.
 
-    with open_eval_model(EvalModelConfig(load="gpt2/")) as model:
+    with open_eval_model(EvalModelConfig(load="gpt2/"), resolve_scoring_source("gpt2/", 1)) as model:
         scores = score_rows(model, [ScoreRow(np.array([464, 2068, 7586]), first=0, last=2)], "example")
         scores[0].log_prob, scores[0].greedy
 """
@@ -32,8 +32,8 @@ from trainer.parallel.distributed import init_distributed, resolve_device_type
 from trainer.errors import TrainConfigError
 from trainer.generation.layout import GenerationLayout
 from trainer.generation.replicas import map_over_replicas
+from trainer.generation.sampling import SamplingConfig
 from trainer.checkpoint.hf_files import tokenizer_config_for_directory
-from trainer.models import FAMILIES, model_spec, spec_for_source
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -127,12 +127,21 @@ class ScoringSource(Protocol):
                      ) -> ScoringModel:
         """This rank's part of the model, loaded (collective over the process group)."""
 
+    def generate_ids(self, model: ScoringModel, prompts: list[list[int]], max_new_tokens: int,
+                     sampling: SamplingConfig, eod_id: int | None, generator: torch.Generator | None
+                     ) -> list[list[int]]:
+        """Continue one batch of prompts with ``model`` (what `open_sharded` gave): each prompt's generated ids,
+        ending with ``eod_id`` when it stopped there (lm-eval's ``generate_until``; collective over the
+        model's tp/pp ranks)."""
+
 
 @dataclass(slots=True)
 class EvalModel:
     """This rank's part of the model, with what the tasks need to know about it."""
 
     sharded: ScoringModel
+    source: ScoringSource
+    """What the model was loaded from (its family's `ScoringSource`: generation with ``sharded``)."""
     tokenizer: Tokenizer | None
     vocab_size: int
     max_positions: int
@@ -149,29 +158,15 @@ class EvalModel:
         return self.tokenizer
 
 
-def resolve_scoring_source(load: str, tp: int) -> ScoringSource:
-    """The model of ``load`` (checkpoint or HF directory) as its family scores it.
-
-    Raises:
-        TrainConfigError: the family is not evaluated (naming it and those that are).
-        TokenmillError: the family's own complaint about ``load`` (one clear message).
-    """
-    spec = spec_for_source(load)
-    if spec.scoring_source is None:
-        evaluated = [name for name in FAMILIES if model_spec(name).scoring_source is not None]
-        raise TrainConfigError(f"{load} is a {spec.name} model; evaluation scores {', '.join(evaluated)} models only")
-    return spec.scoring_source(load, tp)
-
-
 @contextmanager
-def open_eval_model(config: EvalModelConfig) -> Iterator[EvalModel]:
+def open_eval_model(config: EvalModelConfig, source: ScoringSource) -> Iterator[EvalModel]:
     """Join (or create) the process group, build and load this rank's part of the model; the group this
-    made is destroyed on exit. Collective: every process of the group enters it.
+    made is destroyed on exit. Collective: every process of the group enters it. ``source`` is
+    ``config.load`` as its family scores it (`trainer.models.dispatch.resolve_scoring_source`).
 
     Raises:
         TokenmillError: the model, tokenizer or layout is wrong (one clear message, before any collective).
     """
-    source = resolve_scoring_source(config.load, config.tensor_model_parallel_size)
     device_type = resolve_device_type(config.device)
     ctx = init_distributed(device_type)
     try:
@@ -180,7 +175,7 @@ def open_eval_model(config: EvalModelConfig) -> Iterator[EvalModel]:
         tokenizer = build_tokenizer(tokenizer_config) if tokenizer_config is not None else None
         sharded = source.open_sharded(layout, device_type, ctx.device, verify=not config.no_verify)
         logger.info("evaluating with tp %d, pp %d, dp %d", layout.tp, layout.pp, layout.dp)
-        yield EvalModel(sharded=sharded, tokenizer=tokenizer, vocab_size=source.vocab_size,
+        yield EvalModel(sharded=sharded, source=source, tokenizer=tokenizer, vocab_size=source.vocab_size,
                         max_positions=source.max_positions,
                         eod_id=tokenizer.eod if tokenizer is not None else source.eod_id, dp=layout.dp,
                         progress=config.progress and ctx.rank == 0, batch_size=config.batch_size)

@@ -1,11 +1,12 @@
 """``generate``: continue prompts with a checkpoint or a Hugging Face directory of any model family.
 
-The run's config and result, and the dispatch to the family of the source (its
-`trainer.models.spec.ModelSpec.generate`; GPT's in `trainer.models.gpt.generate`, T5's in
-`trainer.models.t5.generate`). Collective: under torchrun (or ``generate --nproc-per-node N``) every rank
+The run's config and result, and what every family's generation shares (prompt tokenizer and encoding);
+the family of the source generates (its `trainer.family.spec.ModelSpec.generate`), found by
+`trainer.models.dispatch.generate`. Collective: under torchrun (or ``generate --nproc-per-node N``) every rank
 calls `generate` and every rank gets every completion.
 
-    from trainer.generation.generate import GenerateConfig, generate
+    from trainer.generation.generate import GenerateConfig
+    from trainer.models.dispatch import generate
     from trainer.generation.sampling import SamplingConfig
     completions = generate(GenerateConfig(load="gpt2/", prompts=["Hello, my name is"], max_new_tokens=20,
                                           sampling=SamplingConfig(greedy=True)))
@@ -21,7 +22,6 @@ from preprocess.tokenizers import Tokenizer, TokenizerConfig, build_tokenizer
 from trainer.errors import TrainConfigError
 from trainer.generation.sampling import SamplingConfig
 from trainer.checkpoint.hf_files import tokenizer_config_for_directory
-from trainer.models import spec_for_source
 
 
 @dataclass(kw_only=True, slots=True)
@@ -104,26 +104,3 @@ def encode_prompts(tokenizer: Tokenizer, prompts: list[str]) -> list[list[int]]:
         except ValueError as error:
             raise TrainConfigError(f"prompt {number}: {error}") from None
     return ids
-
-
-def check_generation(config: GenerateConfig, world_size: int) -> None:
-    """Check a run on ``world_size`` processes before any starts (what every rank would reject).
-
-    Raises:
-        TokenmillError: the model, tokenizer, prompts or layout are wrong (one clear message).
-    """
-    spec_for_source(config.load).check_generation(config, world_size)
-
-
-def generate(config: GenerateConfig) -> list[Completion]:
-    """Generate a continuation of every prompt with the family of ``config.load`` (collective: every process
-    of the group calls it).
-
-    Returns:
-        One `Completion` per prompt, in order (texts first, then id prompts), on every rank.
-
-    Raises:
-        TokenmillError: a missing/mismatched model, tokenizer or layout (one clear message), raised
-            on every rank before the first collective.
-    """
-    return spec_for_source(config.load).generate(config)

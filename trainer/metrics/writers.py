@@ -35,6 +35,11 @@ PERPLEXITY_LOSS_CAP = 20.0
 # The phases `--timing-log-level 1` times (Megatron's level-1 timers, DeepSpeed's wall_clock_breakdown), in step
 # order, with their log-line labels; the data wait is `TrainStats.data_ms_per_iteration`, measured always.
 TIMING_PHASES = {"forward_backward": "forward-backward", "grad_clip": "grad norm+clip", "optimizer": "optimizer"}
+# What `--timing-log-level 2` adds, Megatron's level-2 timers' names: the compute of the forward and of the backward
+# passes, summed over the step's micro-batches, inside forward-backward. A pipelined run leaves them out: its
+# schedule interleaves forwards, backwards and stage sends, which Megatron times apart and torch's schedule does not
+# expose (so they would be the forward-backward time relabelled).
+DETAILED_PHASES = {"forward_compute": "forward-compute", "backward_compute": "backward-compute"}
 # Suffix of a phase's metrics key: ``forward_backward_ms_per_iteration``, as ``data_ms_per_iteration``.
 PHASE_KEY_SUFFIX = "_ms_per_iteration"
 
@@ -61,14 +66,16 @@ class StepTimer:
     DeepSpeed's timers do; it serialises work that would otherwise overlap, at a small cost in step time).
     """
 
-    def __init__(self, enabled: bool, device: torch.device) -> None:
+    def __init__(self, enabled: bool, device: torch.device, detailed: bool = False) -> None:
         self.enabled, self.device = enabled, device
-        self.seconds = dict.fromkeys(TIMING_PHASES, 0.0)
+        # ``detailed`` (level 2) also times `DETAILED_PHASES`.
+        self.phases = {**TIMING_PHASES, **DETAILED_PHASES} if enabled and detailed else TIMING_PHASES
+        self.seconds = dict.fromkeys(self.phases, 0.0)
 
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
-        """Time the block as phase ``name`` (one of `TIMING_PHASES`)."""
-        if not self.enabled:
+        """Time the block as phase ``name`` (one of `TIMING_PHASES`, or `DETAILED_PHASES`: timed when detailed)."""
+        if not self.enabled or name not in self.seconds:
             yield
             return
         synchronize(self.device)
@@ -85,7 +92,7 @@ class StepTimer:
         if not self.enabled:
             return {}
         timing = {name + PHASE_KEY_SUFFIX: 1000 * seconds / steps for name, seconds in self.seconds.items()}
-        self.seconds = dict.fromkeys(TIMING_PHASES, 0.0)
+        self.seconds = dict.fromkeys(self.phases, 0.0)
         return timing
 
 
@@ -123,8 +130,9 @@ class TrainStats:
             line += f" | MFU: {100 * self.mfu:.1f}%"
         if self.timing:
             line += f" | data (ms): {self.data_ms_per_iteration:.1f}"
-            for phase, label in TIMING_PHASES.items():
-                line += f" | {label} (ms): {self.timing[phase + PHASE_KEY_SUFFIX]:.1f}"
+            for phase, label in {**TIMING_PHASES, **DETAILED_PHASES}.items():
+                if phase + PHASE_KEY_SUFFIX in self.timing:
+                    line += f" | {label} (ms): {self.timing[phase + PHASE_KEY_SUFFIX]:.1f}"
         for name, value in self.auxiliary.items():
             line += f" | {name}: {value:.6E}"
         return line
@@ -155,8 +163,21 @@ def _record_iteration(line: str) -> int:
     return value if isinstance(value, int) else -1
 
 
+@dataclass(frozen=True, slots=True)
+class WandbRun:
+    """The Weights & Biases run a `MetricsWriter` logs to (Megatron's --wandb-* flags)."""
+
+    project: str
+    name: str | None = None
+    save_dir: str | None = None
+    """Directory of wandb's local files (None: wandb's default, ./wandb)."""
+    config: dict = field(default_factory=dict)
+    """The run's settings, shown with it."""
+
+
 class MetricsWriter:
-    """Writes log lines, JSON lines and TensorBoard scalars on rank 0; does nothing elsewhere.
+    """Writes log lines, JSON lines, TensorBoard scalars and Weights & Biases metrics on rank 0; does nothing
+    elsewhere.
 
     The JSON-lines file (none when ``metrics_file`` is None) continues the run's history: records of
     iterations after ``start_iteration`` (the resumed checkpoint's; 0 from scratch), which the run is
@@ -164,12 +185,18 @@ class MetricsWriter:
     """
 
     def __init__(self, metrics_file: str | os.PathLike | None, tensorboard_dir: str | None, is_rank0: bool,
-                 start_iteration: int = 0) -> None:
+                 start_iteration: int = 0, wandb_run: WandbRun | None = None) -> None:
         self.enabled = is_rank0
         self._file = None
         self._tensorboard = None
+        self._wandb = None
         if not self.enabled:
             return
+        if wandb_run is not None:
+            import wandb  # imported only when asked: optional package (pip install wandb)
+
+            self._wandb = wandb.init(project=wandb_run.project, name=wandb_run.name, dir=wandb_run.save_dir,
+                                     config=wandb_run.config)
         if metrics_file is not None:
             path = Path(metrics_file)
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -214,16 +241,20 @@ class MetricsWriter:
         self._write({"iteration": iteration, MEMORY_KEY: ranks})
 
     def _add_scalars(self, section: str, record: dict) -> None:
-        """Every number of a JSON-lines ``record`` as TensorBoard scalar ``section/key`` at its iteration
-        (the same series as the file; None, an MFU the device's peak does not give, is left out)."""
-        if self._tensorboard is None:
-            return
-        for name, value in record.items():
-            if name != "iteration" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._tensorboard.add_scalar(f"{section}/{name}", value, record["iteration"])
+        """Every number of a JSON-lines ``record`` as TensorBoard scalar and W&B metric ``section/key`` at its
+        iteration (the same series as the file; None, an MFU the device's peak does not give, is left out)."""
+        scalars = {f"{section}/{name}": value for name, value in record.items()
+                   if name != "iteration" and isinstance(value, (int, float)) and not isinstance(value, bool)}
+        if self._tensorboard is not None:
+            for name, value in scalars.items():
+                self._tensorboard.add_scalar(name, value, record["iteration"])
+        if self._wandb is not None:
+            self._wandb.log(scalars, step=record["iteration"])
 
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
         if self._tensorboard is not None:
             self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()

@@ -1,7 +1,9 @@
 """Model families, one folder each (`gpt/`, `t5/`), and the registry of their specs (`ModelSpec`).
 
-The registry imports a family only when it is asked for, so that a family's modules may import the core
-and the core may ask the registry without an import circle.
+The registry imports a family only when it is asked for, so that importing one family does not import them
+all. Only the top asks it (the CLIs in `trainer.cli`, the Python API, `train()`; `trainer.models.dispatch` for
+each command's dispatch by source) and hands the specs down: the core never imports the registry or a family
+(`tests/test_import_rules.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ DEFAULT_FAMILY = "gpt"
 
 
 def model_spec(name: str):
-    """The `trainer.models.spec.ModelSpec` of family ``name``.
+    """The `trainer.family.spec.ModelSpec` of family ``name``.
 
     Raises:
         TrainConfigError: no such family.
@@ -25,6 +27,18 @@ def model_spec(name: str):
     if name not in FAMILIES:
         raise TrainConfigError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
     return importlib.import_module(FAMILIES[name]).SPEC
+
+
+def trainer_task(task: str):
+    """The class that runs `trainer.Trainer`'s ``task`` (its family's ``ModelSpec.tasks``).
+
+    Raises:
+        TrainConfigError: no family owns such a task.
+    """
+    owners = {name: module for family in FAMILIES for name, module in model_spec(family).tasks}
+    if task not in owners:
+        raise TrainConfigError(f"task: unknown task {task!r}; known: {', '.join(sorted(owners))}")
+    return importlib.import_module(owners[task]).TASK
 
 
 def spec_for_hf_directory(directory: str | os.PathLike):

@@ -32,7 +32,9 @@ logger = logging.getLogger(__name__)
 
 GROUPED_MM, SEGMENTED, BATCHED, LOOP = "grouped_mm", "segmented", "batched", "loop"
 BACKENDS = (GROUPED_MM, SEGMENTED, BATCHED, LOOP)
-ACTIVATIONS = ("gelu", "relu", "gated-gelu")
+ACTIVATIONS = ("gelu", "relu", "gated-gelu", "swiglu")
+# The gated activations: a third stacked weight w3 (the up projection) multiplies the activated w1 x.
+GATED_ACTIVATIONS = ("gated-gelu", "swiglu")
 # torch._grouped_mm's kernels (CUTLASS, sm90) need Hopper or newer.
 GROUPED_MM_MIN_CAPABILITY = (9, 0)
 # ... and, on every device, operands whose rows are 16-byte aligned (torch checks the strides): sizes a
@@ -193,7 +195,8 @@ class StackedWeight(nn.Module):
 
 
 class GroupedExperts(nn.Module):
-    """E two-layer MLPs without biases: ``w2(act(w1 x))``, or gated ``w2(gelu(w1 x) * w3 x)``.
+    """E two-layer MLPs without biases: ``w2(act(w1 x))``, or gated ``w2(gelu(w1 x) * w3 x)`` /
+    ``w2(silu(w1 x) * w3 x)`` (swiglu, Mixtral's experts).
 
     Parameter names ``w1.weight``/``w2.weight``/``w3.weight`` follow the dense MLPs', so a family's
     initialisation rules for its MLP apply to its experts unchanged.
@@ -210,7 +213,7 @@ class GroupedExperts(nn.Module):
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {activation!r}")
         self.activation = activation
         self.w1 = StackedWeight(num_experts, hidden_size, ffn_hidden_size)
-        self.w3 = StackedWeight(num_experts, hidden_size, ffn_hidden_size) if activation == "gated-gelu" else None
+        self.w3 = StackedWeight(num_experts, hidden_size, ffn_hidden_size) if activation in GATED_ACTIVATIONS else None
         self.w2 = StackedWeight(num_experts, ffn_hidden_size, hidden_size)
         self.backend = backend
         """None: `select_backend` decides per call; a `BACKENDS` entry forces one (tests, benchmarks)."""
@@ -245,6 +248,8 @@ class GroupedExperts(nn.Module):
             hidden = F.relu(hidden)
         elif self.activation == "gelu":
             hidden = F.gelu(hidden, approximate="tanh")
+        elif self.activation == "swiglu":
+            hidden = F.silu(hidden) * matmul(x, w3)
         else:
             hidden = F.gelu(hidden, approximate="tanh") * matmul(x, w3)
         return matmul(hidden, w2)

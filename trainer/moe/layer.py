@@ -26,7 +26,15 @@ from trainer.moe.dispatch import (
     send_to_experts,
 )
 from trainer.moe.experts import GroupedExperts
-from trainer.moe.router import Router, expert_counts, load_balancing_loss, route, z_loss
+from trainer.moe.router import (
+    Router,
+    Routing,
+    expert_counts,
+    load_balancing_loss,
+    route,
+    sequence_load_balancing_loss,
+    z_loss,
+)
 from trainer.moe.settings import MoESettings
 
 AUX_LOSS, Z_LOSS = "moe_aux_loss", "moe_z_loss"
@@ -36,6 +44,8 @@ METRIC_KINDS = {AUX_LOSS: MEAN, Z_LOSS: MEAN, DROPPED_FRACTION: MEAN, MAX_LOAD: 
 """Aux and z-loss: per layer and micro-batch, coefficient included (their sum over layers is what the loss
 gains). Dropped fraction: of all assignments. Loads: assignments an expert's router sent it over the
 balanced share (T k / E), before dropping; the extremes over experts, layers and micro-batches."""
+PER_LAYER_METRICS = (AUX_LOSS, Z_LOSS)
+"""What --moe-per-layer-logging also reports per layer (Megatron's per-layer load-balancing and z-losses)."""
 ASSIGNMENTS = "assignments"
 RECORD_FIELDS = (AUX_LOSS, Z_LOSS, DROPPED_FRACTION, ASSIGNMENTS, MAX_LOAD, MIN_LOAD)
 """The columns of one forward's record: the metrics, the dropped count over ``assignments`` (T k)."""
@@ -57,8 +67,11 @@ class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, ffn_hidden_size: int, activation: str, settings: MoESettings) -> None:
         super().__init__()
         self.settings = settings
-        self.router = Router(hidden_size, settings.num_experts)
-        self.experts = GroupedExperts(settings.num_experts, hidden_size, ffn_hidden_size, activation)
+        self.router = Router(hidden_size, settings.num_experts, settings.router_dtype)
+        self.experts = GroupedExperts(settings.num_experts, hidden_size, settings.expert_width(ffn_hidden_size),
+                                      activation)
+        self.layer_name = ""
+        """Its name in the model (`name_moe_layers`): what --moe-per-layer-logging reports it under."""
         self.ep_group: dist.ProcessGroup | None = None
         """Set by `trainer.moe.parallel.apply_ep`: the experts are sharded over this group's ranks."""
         self.auxiliary_loss_scale = 1.0
@@ -89,9 +102,7 @@ class MoELayer(nn.Module):
             received, local_counts, exchange = send_to_experts(rows, dispatch.counts, self.ep_group)
             outputs = receive_from_experts(self.experts(received, local_counts), exchange, self.ep_group)
         out = combine(outputs, dispatch, len(tokens)).view_as(x)
-        # A zero coefficient skips its loss (and its backward): its reported value is zero either way.
-        aux = s.aux_loss_coeff * load_balancing_loss(routing.probs, counts, s.top_k) if s.aux_loss_coeff \
-            else logits.new_zeros(())
+        aux = self._load_balancing_loss(routing, counts, x)
         z = s.z_loss_coeff * z_loss(logits) if s.z_loss_coeff else logits.new_zeros(())
         if self.training:
             out = attach_auxiliary_loss(out, aux + z, self.auxiliary_loss_scale)
@@ -100,6 +111,17 @@ class MoELayer(nn.Module):
         if self.training and not _recomputing():
             self._record(aux, z, counts, len(tokens) * s.top_k - len(dispatch.token_index))
         return out
+
+    def _load_balancing_loss(self, routing: Routing, counts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The weighted load-balancing loss of the settings' kind (a zero coefficient or kind none skips it, and
+        its backward: its reported value is zero either way)."""
+        s = self.settings
+        if not s.aux_loss_coeff or s.load_balancing_type == "none":
+            return routing.probs.new_zeros(())
+        if s.load_balancing_type == "seq_aux_loss":
+            sequences = routing.probs.shape[0] // x.shape[-2] if x.dim() > 2 else 1
+            return s.aux_loss_coeff * sequence_load_balancing_loss(routing.probs, routing.experts, sequences, s.top_k)
+        return s.aux_loss_coeff * load_balancing_loss(routing.probs, counts, s.top_k)
 
     def _jitter(self, tokens: torch.Tensor) -> torch.Tensor:
         """The router's input: ``tokens`` times uniform(1 - eps, 1 + eps) noise in training (``input_jitter_eps``)."""
@@ -118,7 +140,10 @@ class MoELayer(nn.Module):
                                           load.max(), load.min()]))
 
     def auxiliary_metric_kinds(self) -> dict[str, str]:
-        return dict(METRIC_KINDS)
+        kinds = dict(METRIC_KINDS)
+        if self.settings.per_layer_logging:
+            kinds |= {per_layer_name(name, self.layer_name): MEAN for name in PER_LAYER_METRICS}
+        return kinds
 
     def pop_auxiliary_metrics(self, last_forwards: int | None = None) -> dict[str, AuxiliaryMetric]:
         """The records of this layer's last ``last_forwards`` forward passes (all if None) since the last call,
@@ -136,4 +161,19 @@ class MoELayer(nn.Module):
                 merged[name] = AuxiliaryMetric(sum(column[name]), float(weights[name]))
             else:
                 merged[name] = AuxiliaryMetric((max if kind == MAX else min)(column[name]))
+        if self.settings.per_layer_logging:
+            for name in PER_LAYER_METRICS:
+                merged[per_layer_name(name, self.layer_name)] = AuxiliaryMetric(sum(column[name]), float(len(rows)))
         return merged
+
+
+def per_layer_name(metric: str, layer_name: str) -> str:
+    """The name --moe-per-layer-logging reports one layer's ``metric`` under: ``moe_aux_loss/layers.1.feed_forward``."""
+    return f"{metric}/{layer_name}"
+
+
+def name_moe_layers(model: nn.Module) -> None:
+    """Give each `MoELayer` of ``model`` its qualified name in it (`MoELayer.layer_name`)."""
+    for name, module in model.named_modules():
+        if isinstance(module, MoELayer):
+            module.layer_name = name

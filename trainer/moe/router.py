@@ -1,7 +1,8 @@
 """The router: a linear map to one logit per expert, top-k selection and its two auxiliary losses.
 
 Computed in float32 whatever the autocast dtype (as Megatron and Switch Transformers do): the softmax over
-experts and the logsumexp of the z-loss are sensitive to rounding.
+experts and the logsumexp of the z-loss are sensitive to rounding. ``--moe-router-dtype fp64`` computes them in
+float64 instead.
 """
 
 from __future__ import annotations
@@ -11,6 +12,12 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+# Megatron's --moe-router-dtype: what the router's logits, softmax and auxiliary losses compute in.
+ROUTER_TORCH_DTYPES = {"fp32": torch.float32, "fp64": torch.float64}
+ROUTER_DTYPES = tuple(ROUTER_TORCH_DTYPES)
+# Megatron's --moe-router-load-balancing-type: over the micro-batch's tokens, per sequence, or no such loss.
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "none")
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,14 +35,17 @@ class Routing:
 class Router(nn.Module):
     """``weight`` [E, hidden] (an ``nn.Linear`` without bias): hidden states -> expert logits."""
 
-    def __init__(self, hidden_size: int, num_experts: int) -> None:
+    def __init__(self, hidden_size: int, num_experts: int, dtype: str = "fp32") -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(num_experts, hidden_size))
+        self.dtype = ROUTER_TORCH_DTYPES[dtype]
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens [T, hidden] -> logits float32 [T, E]."""
+        """tokens [T, hidden] -> logits [T, E] in the router's dtype (float32 or float64)."""
         # F.linear: the kernel of an nn.Linear router (transformers' Switch), so imported models match to the ulp.
-        return F.linear(tokens.float(), self.weight.float())
+        # Outside autocast, which would compute it in bf16/fp16 whatever its inputs' dtype.
+        with torch.autocast(tokens.device.type, enabled=False):
+            return F.linear(tokens.to(self.dtype), self.weight.to(self.dtype))
 
 
 def route(logits: torch.Tensor, top_k: int, pre_softmax: bool) -> Routing:
@@ -64,11 +74,29 @@ def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -
 
     f_e = counts[e] / (T k) is the fraction of assignments expert e receives (not differentiable), P_e the
     mean router probability of e over the T tokens (differentiable). Megatron's
-    ``switch_load_balancing_loss_func`` without its coefficient.
+    ``switch_load_balancing_loss_func`` without its coefficient. With a leading group dimension (``probs``
+    [G, T, E], ``counts`` [G, E]): the mean over the groups of each group's loss.
     """
-    num_tokens, num_experts = probs.shape
+    num_tokens, num_experts = probs.shape[-2:]
     fraction = counts.to(probs.dtype) / (num_tokens * top_k)
-    return num_experts * (fraction * probs.mean(dim=0)).sum()
+    return (num_experts * (fraction * probs.mean(dim=-2)).sum(dim=-1)).mean()
+
+
+def sequence_load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_sequences: int,
+                                 top_k: int) -> torch.Tensor:
+    """Megatron's ``sequence_load_balancing_loss_func`` (DeepSeek-V2) without its coefficient: the mean over the
+    ``num_sequences`` sequences of each one's `load_balancing_loss`.
+
+    Args:
+        probs: float [T, E], the tokens of consecutive sequences of equal length, sequence by sequence.
+        experts: int64 [T, k], the chosen experts.
+    """
+    num_experts = probs.shape[-1]
+    per_sequence = probs.view(num_sequences, -1, num_experts)
+    # One bincount: sequence s's expert e is bin s E + e.
+    offsets = torch.arange(num_sequences, device=experts.device)[:, None] * num_experts
+    counts = expert_counts(experts.view(num_sequences, -1) + offsets, num_sequences * num_experts)
+    return load_balancing_loss(per_sequence, counts.view(num_sequences, num_experts), top_k)
 
 
 def z_loss(logits: torch.Tensor) -> torch.Tensor:

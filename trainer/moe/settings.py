@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from trainer.errors import TrainConfigError
+from trainer.moe.router import LOAD_BALANCING_TYPES, ROUTER_DTYPES
 
 if TYPE_CHECKING:  # annotation only: trainer.config imports the model registry, whose families import this
     from trainer.config import MoEConfig
@@ -42,6 +43,15 @@ class MoESettings:
     input_jitter_eps: float | None = None
     """Training only: the router sees its input times uniform(1 - eps, 1 + eps) noise (Switch's, DeepSpeed's
     ``noisy_gate_policy='Jitter'``, Megatron's --moe-input-jitter-eps); the experts see the input unchanged."""
+    load_balancing_type: str = "aux_loss"
+    """aux_loss: the load-balancing loss over all the micro-batch's tokens; seq_aux_loss: the mean over its
+    sequences of each sequence's own (DeepSeek-V2, Megatron's sequence_load_balancing_loss_func); none: none."""
+    router_dtype: str = "fp32"
+    """What the router computes in: fp32, or fp64 (Megatron's --moe-router-dtype)."""
+    ffn_hidden_size: int | None = None
+    """Width of each expert's MLP (Megatron's --moe-ffn-hidden-size); None: the dense MLP's."""
+    per_layer_logging: bool = False
+    """Report each MoE layer's auxiliary losses under its own name too (Megatron's --moe-per-layer-logging)."""
 
     def __post_init__(self) -> None:
         if self.top_k not in TOP_K_CHOICES:
@@ -51,6 +61,13 @@ class MoESettings:
         if self.capacity_factor is not None and self.expert_capacity is not None:
             raise ValueError(f"capacity_factor ({self.capacity_factor}) and expert_capacity ({self.expert_capacity}) "
                              "exclude each other")
+        for name, choices in (("load_balancing_type", LOAD_BALANCING_TYPES), ("router_dtype", ROUTER_DTYPES)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name} must be one of {', '.join(choices)}, got {getattr(self, name)!r}")
+
+    def expert_width(self, dense_ffn_hidden_size: int) -> int:
+        """Width of each expert's MLP: ``ffn_hidden_size``, else the dense MLP's."""
+        return self.ffn_hidden_size or dense_ffn_hidden_size
 
     def is_moe_layer(self, index: int) -> bool:
         """Whether feed-forward layer ``index`` (0-based, within its stack) is a MoE layer."""
@@ -59,8 +76,8 @@ class MoESettings:
     def same_parameters(self, other: MoESettings | None) -> bool:
         """Whether a model with ``other`` holds the same expert parameters (experts and MoE layers; routing
         and capacity do not change a parameter)."""
-        return other is not None and (self.num_experts, self.layer_freq, self.layer_offset) == (
-            other.num_experts, other.layer_freq, other.layer_offset)
+        return other is not None and (self.num_experts, self.layer_freq, self.layer_offset, self.ffn_hidden_size) == (
+            other.num_experts, other.layer_freq, other.layer_offset, other.ffn_hidden_size)
 
 
 # `MoESettings` field -> the `trainer.config.MoEConfig` field (the flag) that sets it.
@@ -68,18 +85,16 @@ MOE_CONFIG_NAMES = {"num_experts": "num_experts", "top_k": "moe_router_topk", "p
                     "aux_loss_coeff": "moe_aux_loss_coeff", "z_loss_coeff": "moe_z_loss_coeff",
                     "capacity_factor": "moe_expert_capacity_factor", "expert_capacity": "moe_expert_capacity",
                     "layer_freq": "moe_layer_freq", "layer_offset": "moe_layer_offset",
-                    "input_jitter_eps": "moe_input_jitter_eps"}
+                    "input_jitter_eps": "moe_input_jitter_eps",
+                    "load_balancing_type": "moe_router_load_balancing_type", "router_dtype": "moe_router_dtype",
+                    "ffn_hidden_size": "moe_ffn_hidden_size", "per_layer_logging": "moe_per_layer_logging"}
 
 
 def moe_settings(moe: MoEConfig) -> MoESettings | None:
     """The settings a `trainer.config.MoEConfig` section gives a family's shape; None for a dense model."""
     if moe.num_experts is None:
         return None
-    return MoESettings(num_experts=moe.num_experts, top_k=moe.moe_router_topk, pre_softmax=moe.moe_router_pre_softmax,
-                       aux_loss_coeff=moe.moe_aux_loss_coeff, z_loss_coeff=moe.moe_z_loss_coeff,
-                       capacity_factor=moe.moe_expert_capacity_factor, expert_capacity=moe.moe_expert_capacity,
-                       layer_freq=moe.moe_layer_freq, layer_offset=moe.moe_layer_offset,
-                       input_jitter_eps=moe.moe_input_jitter_eps)
+    return MoESettings(**{name: getattr(moe, config_name) for name, config_name in MOE_CONFIG_NAMES.items()})
 
 
 def moe_config_fields(settings: MoESettings | None) -> dict[str, Any]:

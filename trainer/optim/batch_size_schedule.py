@@ -39,6 +39,10 @@ class RampupBatchSize:
                                    f"({self.start}) must be a non-negative multiple of the increment "
                                    f"({self.increment})")
 
+    def sizes(self) -> tuple[int, ...]:
+        """Every global batch size the ramp takes."""
+        return tuple(range(self.start, self.final + 1, self.increment))
+
     def __call__(self, consumed_samples: int) -> int:
         if consumed_samples > self.samples or self.final == self.start:
             return self.final
@@ -51,6 +55,10 @@ class StepBatchSize:
     """``(threshold samples, global batch size)`` pairs, thresholds increasing from 0."""
 
     steps: tuple[tuple[int, int], ...]
+
+    def sizes(self) -> tuple[int, ...]:
+        """Every global batch size the schedule takes."""
+        return tuple(size for _, size in self.steps)
 
     def __call__(self, consumed_samples: int) -> int:
         batch_size = self.steps[0][1]
@@ -118,3 +126,24 @@ def train_iters_for_samples(train_samples: int, schedule: BatchSizeSchedule | No
         consumed += schedule(consumed)
         iterations += 1
     return iterations + max(0, train_samples - consumed) // global_batch_size
+
+
+def samples_after(schedule: BatchSizeSchedule, steps: int) -> int:
+    """The samples ``steps`` steps of ``schedule`` consume from the start of a run."""
+    consumed = 0
+    for _ in range(steps):
+        consumed += schedule(consumed)
+    return consumed
+
+
+def check_batch_sizes(schedule: RampupBatchSize | StepBatchSize, samples_per_microbatch: int) -> None:
+    """Megatron's rule for a changing batch: each of its sizes is whole micro-batches on every data-parallel rank.
+
+    Raises:
+        TrainConfigError: naming the batch size.
+    """
+    name = "rampup_batch_size" if isinstance(schedule, RampupBatchSize) else "step_batch_size_schedule"
+    for size in schedule.sizes():
+        if size % samples_per_microbatch:
+            raise TrainConfigError(f"{name}: the global batch size {size} is not a multiple of micro_batch_size x "
+                                   f"data-parallel size ({samples_per_microbatch})")

@@ -117,3 +117,18 @@ def reduce_loss(local_loss_sum: torch.Tensor, holds_loss: bool, num_losses: int,
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(value)
     return float(value.cpu()) / (num_holders * num_losses)
+
+
+def has_non_finite_grads(params: list[nn.Parameter]) -> bool:
+    """Whether this rank's own part of any gradient holds a NaN or an infinity (no communication)."""
+    return any(not bool(torch.isfinite(_local(p.grad.detach())).all()) for p in params if p.grad is not None)
+
+
+def ranks_where(condition: bool, rank: int) -> list[int]:
+    """The ranks on which ``condition`` holds. Collective (one all-gather of a bool): every rank calls it, so
+    call it only where every rank takes the same branch."""
+    if not (dist.is_initialized() and dist.get_world_size() > 1):
+        return [rank] if condition else []
+    flags: list[bool | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(flags, condition)
+    return [index for index, flag in enumerate(flags) if flag]

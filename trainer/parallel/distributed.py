@@ -11,13 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import multiprocessing
 import os
+import signal
 import socket
 import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -34,6 +37,10 @@ logger = logging.getLogger(__name__)
 
 # Seconds between two attempts of a node > 0 to reach node 0's rendezvous port.
 CONNECT_RETRY_S = 0.5
+# Set by torch's elastic agent (our launcher, torchrun) in every worker: 0 on the first attempt, then 1, 2, ...
+RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
+# The prefix of one attempt's process-group keys in the launcher's store.
+ATTEMPT_PREFIX = "tokenmill/attempt_"
 # The per-run folder of the launcher's worker error files (under the system temp dir, removed at the end).
 LAUNCH_LOG_PREFIX = "tokenmill_launch_"
 
@@ -61,11 +68,26 @@ def resolve_device_type(device: str | None) -> str:
     return device or ("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def init_distributed(device_type: str) -> DistContext:
-    """Join the launcher's process group (gloo on CPU, NCCL on GPU), or run as one process."""
+def restart_count() -> int:
+    """How many times the launcher has restarted the workers (0 outside a launcher)."""
+    return int(os.environ.get(RESTART_COUNT_VARIABLE, "0") or 0)
+
+
+def init_distributed(device_type: str, timeout: timedelta | None = None) -> DistContext:
+    """Join the launcher's process group (gloo on CPU, NCCL on GPU), or run as one process.
+
+    ``timeout``: how long a collective waits for the other ranks (``--distributed-timeout-minutes``); None is
+    torch's default."""
     owns = False
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo")
+        # torch's launcher keeps one store for all its attempts (--max-restarts), and the process group's keys
+        # carry no attempt: a restarted worker could read an address its dead predecessor published. Each
+        # attempt's keys get a prefix of their own.
+        store, rank, world_size = next(dist.rendezvous("env://"))
+        attempt = restart_count()
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
+                                store=dist.PrefixStore(f"{ATTEMPT_PREFIX}{attempt}", store), rank=rank,
+                                world_size=world_size, timeout=timeout)
         owns = True
     rank = dist.get_rank() if dist.is_initialized() else 0
     world_size = dist.get_world_size() if dist.is_initialized() else 1
@@ -128,8 +150,13 @@ def _agents_leave_store_host_last() -> Iterator[None]:
         launcher_api.LocalElasticAgent = original
 
 
-def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object) -> dict[int, int]:
-    """Run ``entrypoint(*args)`` in ``num_gpus_per_node`` processes on this node.
+def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object,
+           forward_signal: signal.Signals | None = None) -> dict[int, int]:
+    """Run ``entrypoint(*args)`` in ``num_gpus_per_node`` processes on this node; up to ``max_restarts`` times
+    again, all of them, when one fails.
+
+    ``forward_signal`` (the workers' exit signal, `trainer.checkpoint.early_exit`) is passed on to the workers
+    instead of stopping them: they finish their step, save and return.
 
     Returns:
         Each local rank's return value.
@@ -151,14 +178,46 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object) 
     # The launcher's per-run folder of worker error files (else a /tmp/torchelastic_* folder it never removes):
     # removed when the run ends; a failure's message is read from it before `elastic_launch` returns.
     try:
-        with tempfile.TemporaryDirectory(prefix=LAUNCH_LOG_PREFIX) as log_dir, _agents_leave_store_host_last():
+        with tempfile.TemporaryDirectory(prefix=LAUNCH_LOG_PREFIX) as log_dir, _agents_leave_store_host_last(), \
+                _signal_forwarded(forward_signal):
             elastic = ElasticLaunchConfig(
                 min_nodes=config.num_nodes, max_nodes=config.num_nodes, nproc_per_node=config.num_gpus_per_node,
                 run_id=f"tokenmill-{uuid.uuid4().hex[:8]}" if config.num_nodes == 1 else "tokenmill-train",
-                max_restarts=0, start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir), **rendezvous)
+                max_restarts=config.max_restarts, signals_to_handle=_launcher_signals(forward_signal),
+                start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=log_dir), **rendezvous)
             return elastic_launch(elastic, entrypoint)(*args)
     except dist.DistError as error:  # the rendezvous store timed out: not every node came
         raise RendezvousError(_rendezvous_failure(config, error)) from None
+
+
+# The signals torch's launcher turns into "stop the workers" (its LaunchConfig.signals_to_handle default).
+ELASTIC_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+@contextlib.contextmanager
+def _signal_forwarded(forwarded: signal.Signals | None) -> Iterator[None]:
+    """While the block runs, ``forwarded`` reaching this process is sent on to its worker processes, and the
+    launcher goes on waiting for them (torch's launcher must be told to leave that signal alone:
+    `_launcher_signals`)."""
+    if forwarded is None:
+        yield
+        return
+    def forward(signal_number: int, frame: object) -> None:
+        # The workers are the launcher's multiprocessing children (torch's start_processes, "spawn").
+        for child in multiprocessing.active_children():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child.pid, signal_number)
+
+    previous_handler = signal.signal(forwarded, forward)
+    try:
+        yield
+    finally:
+        signal.signal(forwarded, previous_handler)
+
+
+def _launcher_signals(forwarded: signal.Signals | None) -> str:
+    """The signals torch's launcher stops the workers on: its own, less the one passed on to them."""
+    return ",".join(name for name in ELASTIC_SIGNALS if forwarded is None or name != forwarded.name)
 
 
 def _endpoint(config: LaunchConfig) -> str:

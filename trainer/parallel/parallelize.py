@@ -1,6 +1,6 @@
 """Family-agnostic wrappers `trainer.parallel.runner.ParallelModel` applies to any model's parts, in torchtitan's order:
-tensor parallelism (the family's plan), then activation checkpointing, then ``torch.compile`` per block,
-then FSDP2 (the family's units) — or DDP when data parallelism is the only parallelism and the
+tensor parallelism (the family's plan), then activation recomputation (`trainer.parallel.recompute`), then
+``torch.compile`` per block, then FSDP2 (the family's units) — or DDP when data parallelism is the only parallelism and the
 distributed optimiser is off: it is the fastest pure-DP wrapper on CPU, and it does not compose with
 DTensor parameters (``DDP.__init__`` fails on mixed Tensor/DTensor).
 """
@@ -8,16 +8,11 @@ DTensor parameters (``DDP.__init__`` fails on mixed Tensor/DTensor).
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
-
-
-def apply_ac(model: nn.Module) -> None:
-    """Recompute every block in the backward pass (non-reentrant checkpointing, FQNs unchanged): every
-    family's model checks its ``checkpoint_activations`` attribute in its forward."""
-    model.checkpoint_activations = True
 
 
 def apply_compile(blocks: list[nn.Module]) -> None:
@@ -56,7 +51,7 @@ def _compile_static_parts(module: nn.Module) -> None:
 
 
 def fsdp_options(reshard_after_forward: bool, cpu_offload: bool, compute_dtype: torch.dtype | None,
-                 device_type: str) -> dict[str, object]:
+                 device_type: str, reduce_dtype: torch.dtype = torch.float32) -> dict[str, object]:
     """``fully_shard``'s keyword arguments for a ZeRO stage (`trainer.parallel.zero`), the same for every unit of a run.
 
     Args:
@@ -68,11 +63,12 @@ def fsdp_options(reshard_after_forward: bool, cpu_offload: bool, compute_dtype: 
             and autocast, finding them in its dtype, caches no second copy; the sharded weights, their
             gradients after the reduce-scatter (run in float32) and the optimiser stay float32. The blocks'
             inputs are not cast: the residual stream stays float32, as under autocast alone.
+        reduce_dtype: the gradients' reduce-scatter dtype with a compute_dtype (bfloat16: --grad-reduce-in-bf16).
     """
     offload = CPUOffloadPolicy(pin_memory=device_type == "cuda") if cpu_offload else OffloadPolicy()
     mixed_precision = MixedPrecisionPolicy()  # fully_shard's default: no casts
     if compute_dtype is not None:
-        mixed_precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32,
+        mixed_precision = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=reduce_dtype,
                                                cast_forward_inputs=False)
     return dict(reshard_after_forward=reshard_after_forward, offload_policy=offload, mp_policy=mixed_precision)
 
@@ -87,7 +83,31 @@ def apply_fsdp(part: nn.Module, blocks: list[nn.Module], dp_mesh: DeviceMesh, op
     fully_shard(part, mesh=dp_mesh, **options)
 
 
-def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh) -> DistributedDataParallel:
-    """Classic DDP over ``dp_mesh`` (pure data parallelism only)."""
+def apply_ddp(model: nn.Module, dp_mesh: DeviceMesh, reduce_dtype: torch.dtype = torch.float32
+              ) -> DistributedDataParallel:
+    """Classic DDP over ``dp_mesh`` (pure data parallelism only); ``reduce_dtype`` other than float32: each
+    bucket is all-reduced in it (`_reduce_in_dtype`), else in the gradients' float32."""
     device_ids = [torch.cuda.current_device()] if dp_mesh.device_type == "cuda" else None
-    return DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    ddp = DistributedDataParallel(model, process_group=dp_mesh.get_group(), device_ids=device_ids)
+    if reduce_dtype != torch.float32:
+        ddp.register_comm_hook((dp_mesh.get_group(), reduce_dtype), _reduce_in_dtype)
+    return ddp
+
+
+# `bucket` (a dist.GradBucket) and the result (a torch.futures.Future of the bucket's tensor) stay unannotated:
+# DDP compares the hook's annotations with the classes themselves, and this module's are strings.
+def _reduce_in_dtype(state: tuple[dist.ProcessGroup, torch.dtype], bucket):  # noqa: ANN001, ANN202
+    """DDP comm hook: average a gradient bucket over the group of ``state`` in its dtype, written back into
+    the bucket.
+
+    torch's own bf16_compress_hook does the same, but DDP accepts it only with NCCL (or XCCL); this one runs on
+    any backend (gloo on CPUs too)."""
+    group, dtype = state
+    reduced = bucket.buffer().to(dtype).div_(dist.get_world_size(group))
+
+    def write_back(future: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+        buffer = bucket.buffer()
+        buffer.copy_(future.value()[0])
+        return buffer
+
+    return dist.all_reduce(reduced, group=group, async_op=True).get_future().then(write_back)

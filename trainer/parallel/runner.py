@@ -4,7 +4,7 @@ micro-batches.
 It hides the layout from the training loop: ``run(microbatches)`` returns the sum of this rank's
 micro-batch losses whether the model is one module, DDP, FSDP2, tensor-parallel or a pipeline stage.
 What differs between families (building, splitting and sharding the model, the tensors a micro-batch
-feeds it, its tied weight) comes from the family's `trainer.models.spec.ParallelPlan`. Parameter names
+feeds it, its tied weight) comes from the family's `trainer.parallel.plan.ParallelPlan`. Parameter names
 are always full-model names, with the last pipeline stage's copy of a tied output weight named like the
 embedding, so optimiser state and checkpoints line up across layouts.
 """
@@ -25,11 +25,14 @@ from trainer.checkpoint.store import copy_into_parameter
 from trainer.config import ParallelismConfig
 from trainer.data.batches import MicroBatch
 from trainer.errors import TrainConfigError
+from trainer.metrics.writers import StepTimer
 from trainer.optim.grads import sync_tied_embedding_grad
+from trainer.parallel.context import ContextLayout, apply_cp, context_parallel_loss
 from trainer.parallel.keyed_dropout import sample_keys, set_tensor_parallel
-from trainer.models.spec import ParallelPlan, Shape
+from trainer.parallel.plan import ParallelPlan, Shape
 from trainer.parallel.dims import ParallelDims
-from trainer.parallel.parallelize import apply_ac, apply_compile, apply_ddp, apply_fsdp, fsdp_options
+from trainer.parallel.recompute import Recompute, apply_recompute, as_recompute
+from trainer.parallel.parallelize import apply_compile, apply_ddp, apply_fsdp, fsdp_options
 from trainer.parallel.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
 from trainer.optim.auxiliary_losses import (
     auxiliary_modules,
@@ -38,6 +41,7 @@ from trainer.optim.auxiliary_losses import (
     reduce_metrics,
     set_auxiliary_loss_scale,
 )
+from trainer.moe.layer import name_moe_layers
 from trainer.moe.parallel import apply_ep, apply_expert_fsdp, ignore_expert_parameters, reduce_expert_grads
 from trainer.parallel.zero import FULL_SHARD_STAGE, average_gradients, uses_fsdp
 
@@ -59,7 +63,8 @@ class ParallelModel:
     """
 
     def __init__(self, plan: ParallelPlan, shape: Shape, dims: ParallelDims, mesh: DeviceMesh | None,
-                 parallelism: ParallelismConfig, device: torch.device, seed: int, checkpoint_activations: bool,
+                 parallelism: ParallelismConfig, device: torch.device, seed: int,
+                 checkpoint_activations: bool | Recompute | None,
                  autocast_dtype: torch.dtype | None, compile_blocks: bool = False) -> None:
         self.plan = plan
         self.shape = shape
@@ -68,14 +73,19 @@ class ParallelModel:
         self.device = device
         self.autocast_dtype = autocast_dtype
         self.loss_scale = 1.0
+        # Times the forward and backward compute apart (`--timing-log-level 2`); the run sets its own.
+        self.timer = StepTimer(enabled=False, device=device)
         with torch.device("meta"):
             model = plan.build(shape)
+        name_moe_layers(model)
         pp_rank = mesh.get_local_rank("pp") if mesh is not None else 0
         # ZeRO (`trainer.parallel.zero`): FSDP2 at stages 2-3; DDP, or an all-reduce after backward where DDP cannot
         # wrap the model (tensor-parallel DTensors, pipeline stages), at stages 0-1.
         self.zero_stage = parallelism.zero_stage
-        self.uses_fsdp = uses_fsdp(self.zero_stage, dims.dp)
+        self.uses_fsdp = uses_fsdp(self.zero_stage, dims.replicas)
         self.cpu_offload = parallelism.cpu_offload
+        # --grad-reduce-in-bf16: the data-parallel reductions' dtype (the optimiser still steps fp32 gradients).
+        self.reduce_dtype = torch.bfloat16 if parallelism.grad_reduce_in_bf16 else torch.float32
         if dims.pp > 1:
             chunks = 1
             if parallelism.pipeline_schedule == "interleaved":
@@ -91,31 +101,34 @@ class ParallelModel:
         self.keyed_dropout, self.seed = parallelism.keyed_dropout, seed
         if self.keyed_dropout and "dropout_keys" not in inspect.signature(model.forward).parameters:
             raise TrainConfigError(f"keyed_dropout is not implemented for {type(model).__name__} models")
+        recompute = as_recompute(checkpoint_activations)
         for part in self.parts:
             if dims.tp > 1:
                 plan.apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
                 set_tensor_parallel(part, mesh.get_local_rank("tp"), parallelism.sequence_parallel)
             if dims.ep > 1:
                 apply_ep(part, mesh["ep"])
-            if checkpoint_activations:
-                apply_ac(part)
+            if dims.cp > 1:
+                apply_cp(part, mesh.get_group("cp"))
+            if recompute is not None:
+                apply_recompute(part, recompute)
             if compile_blocks:
                 apply_compile(plan.blocks(part))
             if self.uses_fsdp:
                 options = fsdp_options(self.zero_stage == FULL_SHARD_STAGE, self.cpu_offload, autocast_dtype,
-                                       device.type)
+                                       device.type, self.reduce_dtype)
                 if dims.ep > 1:  # the experts' own units first, over expert_dp: the blocks' then skip them
                     apply_expert_fsdp(part, mesh["expert_dp"], dims.dp, options)
-                apply_fsdp(part, plan.blocks(part), mesh["dp"], options)
+                apply_fsdp(part, plan.blocks(part), mesh[dims.replica_dim], options)
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
-        replicated = dims.dp > 1 and not self.uses_fsdp
-        # The data-parallel group whose gradients `run` averages itself (no DDP wrapper).
-        self.grad_group = mesh.get_group("dp") if replicated and (dims.tp > 1 or dims.pp > 1) else None
+        replicated = dims.replicas > 1 and not self.uses_fsdp
+        # The data-parallel (x context-parallel) group whose gradients `run` averages itself (no DDP wrapper).
+        self.grad_group = mesh.get_group(dims.replica_dim) if replicated and (dims.tp > 1 or dims.pp > 1) else None
         if replicated and self.grad_group is None:
             if dims.ep > 1:  # expert weights are not replicated over dp: `reduce_expert_grads` averages them
                 ignore_expert_parameters(self.parts[0])
-            self.forward_module = apply_ddp(self.parts[0], mesh["dp"])
+            self.forward_module = apply_ddp(self.parts[0], mesh[dims.replica_dim], self.reduce_dtype)
         self.schedule = None
         self.tied_group = None
         if dims.pp > 1:
@@ -130,6 +143,9 @@ class ParallelModel:
         self.auxiliary = auxiliary_modules(self.parts)
         self.auxiliary_kinds = metric_kinds(auxiliary_modules([model]))
         self.expert_dp_group = mesh.get_group("expert_dp") if dims.ep > 1 else None
+        # Context parallelism: this rank's share of every sequence, and the group its loss is the mean over.
+        self.cp_group = mesh.get_group("cp") if dims.cp > 1 else None
+        self.cp_layout = ContextLayout(dims.cp, mesh.get_local_rank("cp")) if dims.cp > 1 else None
         self._auxiliary_forwards = 0
 
     # -- parameters ---------------------------------------------------------------------------------------
@@ -204,9 +220,20 @@ class ParallelModel:
 
     # -- forward / backward -------------------------------------------------------------------------------
 
+    def unscaled_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The family's loss of a micro-batch (`ParallelPlan.loss`); under context parallelism this rank's share
+        of the sequence's mean (`context_parallel_loss`)."""
+        if self.cp_group is not None:
+            return context_parallel_loss(self.plan.loss, outputs, targets, self.cp_group)
+        return self.plan.loss(outputs, targets)
+
     def loss_fn(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The family's loss of a micro-batch (`ParallelPlan.loss`), times the fp16 loss scale."""
-        return self.plan.loss(outputs, targets) * self.loss_scale
+        """`unscaled_loss` times the fp16 loss scale (the pipeline schedule's loss function)."""
+        return self.unscaled_loss(outputs, targets) * self.loss_scale
+
+    def _local_sequence(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A micro-batch tensor [batch, seq, ...] cut to this cp rank's tokens (itself without cp)."""
+        return tensor if self.cp_layout is None else self.cp_layout.shard(tensor)
 
     @contextlib.contextmanager
     def _compute_context(self) -> Iterator[None]:
@@ -235,14 +262,14 @@ class ParallelModel:
         grad_context = contextlib.nullcontext() if train else torch.no_grad()
         with grad_context:
             if self.schedule is not None:
-                total = self._run_pipeline(microbatches, train)
+                total = self._run_pipeline(microbatches, train) / self.loss_scale
             else:
                 total = self._run_local(microbatches, train)
         if train and self.grad_group is not None:
-            average_gradients((p for _, p in self._named), self.grad_group)
+            average_gradients((p for _, p in self._named), self.grad_group, self.reduce_dtype)
         if train and self.dims.ep > 1 and not self.uses_fsdp:  # FSDP2's expert units reduce them themselves
             reduce_expert_grads([p for _, p in self._named], self.expert_dp_group, self.dims.dp)
-        return total / self.loss_scale, self.has_last_stage
+        return total, self.has_last_stage
 
     def _begin_auxiliary(self, num_microbatches: int) -> None:
         """Scale the auxiliary losses' gradients as the micro-batch losses' are (the pipeline schedule divides
@@ -267,10 +294,17 @@ class ParallelModel:
         for index, mb in enumerate(microbatches):
             last = index == count - 1
             with self._gradient_sync(enabled=last or not train), self._compute_context():
-                outputs = self.forward_module(*self.plan.model_inputs(mb), **self._dropout_kwargs([mb], train))
-                loss = self.loss_fn(outputs, mb.targets)
+                # (An evaluation's forwards are not the step's: untimed.)
+                with self.timer.phase("forward_compute") if train else contextlib.nullcontext():
+                    inputs = map(self._local_sequence, self.plan.model_inputs(mb))
+                    outputs = self.forward_module(*inputs, **self.plan.model_kwargs(mb),
+                                                  **self._dropout_kwargs([mb], train))
+                    # Unscaled: the scaled loss may overflow where the loss itself is finite, and the report
+                    # (and its non-finite check, as Megatron's) must see the loss.
+                    loss = self.unscaled_loss(outputs, self._local_sequence(mb.targets))
                 if train:
-                    (loss / count).backward()
+                    with self.timer.phase("backward_compute"):
+                        (loss * self.loss_scale / count).backward()
             total += _full(loss.detach())
         return total
 
@@ -278,12 +312,14 @@ class ParallelModel:
         args = ()
         if self.has_first_stage:
             # The schedule splits its inputs into the micro-batches again along dim 0.
-            args = tuple(torch.cat(tensors) for tensors in zip(*map(self.plan.model_inputs, microbatches)))
+            args = tuple(self._local_sequence(torch.cat(tensors))
+                         for tensors in zip(*map(self.plan.model_inputs, microbatches)))
         # Every stage's forward gets its micro-batch's keys: the schedule splits them like the inputs.
         kwargs: dict = self._dropout_kwargs(microbatches, train)
         losses: list[torch.Tensor] = []
         if self.has_last_stage:
-            kwargs |= {"target": torch.cat([mb.targets for mb in microbatches]), "losses": losses}
+            kwargs |= {"target": self._local_sequence(torch.cat([mb.targets for mb in microbatches])),
+                       "losses": losses}
         with self._compute_context():
             if train:
                 self.schedule.step(*args, return_outputs=False, **kwargs)

@@ -67,12 +67,14 @@ def uses_fsdp(zero_stage: int, dp: int) -> bool:
 
 
 @torch.no_grad()
-def average_gradients(params: Iterable[nn.Parameter], group: dist.ProcessGroup) -> None:
+def average_gradients(params: Iterable[nn.Parameter], group: dist.ProcessGroup, reduce_dtype: torch.dtype | None = None
+                      ) -> None:
     """Average the gradients of ``params`` over ``group`` in place, what DDP does, without a wrapper.
 
     Used where DDP cannot wrap the model (tensor-parallel DTensors, pipeline stages): one all-reduce per
     dtype over the flattened local gradients, after the last micro-batch's backward. Expert weights are left
-    out: `trainer.moe.parallel.reduce_expert_grads` averages them over their own replicas.
+    out: `trainer.moe.parallel.reduce_expert_grads` averages them over their own replicas. ``reduce_dtype``
+    (bfloat16: --grad-reduce-in-bf16): the all-reduce runs in it, the result cast back; None: in their own dtype.
     """
     size = dist.get_world_size(group)
     by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
@@ -82,6 +84,8 @@ def average_gradients(params: Iterable[nn.Parameter], group: dist.ProcessGroup) 
             by_dtype.setdefault(grad.dtype, []).append(grad)
     for grads in by_dtype.values():
         flat = torch.cat([grad.reshape(-1) for grad in grads])
+        if reduce_dtype is not None:
+            flat = flat.to(reduce_dtype)
         dist.all_reduce(flat, group=group)
         flat.div_(size)
         for grad, part in zip(grads, flat.split([grad.numel() for grad in grads])):

@@ -112,7 +112,10 @@ def check_hf_config(config: dict[str, Any], source: str) -> None:
     for name, value in _REQUIRED_SETTINGS.items():
         if config.get(name, value) != value:
             raise HFConversionError(f"{source}: {name}={config[name]!r} is not supported (BERT uses {value!r})")
-    check_model_sizes(config, source, HF_SPELLINGS, _parameters, ("num_hidden_layers", "hidden_size",
+    # The settings above are HF BERT's own (its position_embedding_type "absolute" is not our field's value):
+    # checked for their exact values, not as our fields of the same name.
+    sizes = {key: value for key, value in config.items() if key not in _REQUIRED_SETTINGS}
+    check_model_sizes(sizes, source, HF_SPELLINGS, _parameters, ("num_hidden_layers", "hidden_size",
                       "intermediate_size", "vocab_size", "max_position_embeddings"), ("num_hidden_layers",))
     check_token_id(source, "pad_token_id", config.get("pad_token_id"), config["vocab_size"])
 

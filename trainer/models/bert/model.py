@@ -27,13 +27,15 @@ head, but a span head (``qa_outputs``: hidden -> start and end logits per positi
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
+
+from trainer.parallel.recompute import RECOMPUTE_CORE_ATTENTION, core_attention, run_layers
 
 # The word embedding, and the MLM decoder tied to it (under pipelining the last stage's own copy).
 TIED_WEIGHT_NAME = "word_embeddings.weight"
@@ -103,6 +105,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(h, h)
         self.wo = nn.Linear(h, h)
         self.attention_dropout = shape.attention_dropout
+        setattr(self, RECOMPUTE_CORE_ATTENTION, False)
 
     def forward(self, x: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         """x: [batch, seq, hidden], bias [batch, 1, 1, seq] -> [batch, seq, hidden]."""
@@ -110,7 +113,8 @@ class Attention(nn.Module):
         # -1 heads: under tensor parallelism each rank holds hidden/tp columns = heads/tp whole heads.
         q, k, v = (w(x).view(batch, seq, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
         dropout = self.attention_dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias.to(q.dtype), dropout_p=dropout)
+        out = core_attention(self, F.scaled_dot_product_attention, q, k, v, attn_mask=bias.to(q.dtype),
+                             dropout_p=dropout)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -209,10 +213,8 @@ class Bert(nn.Module):
         return self.embedding_dropout(self.embedding_norm(h))
 
     def run_layers(self, h: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-        for layer in self.layers.values():
-            # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules.
-            h = checkpoint(layer, h, bias, use_reentrant=False) if self.checkpoint_activations else layer(h, bias)
-        return h
+        calls = [functools.partial(layer, bias=bias) for layer in self.layers.values()]
+        return run_layers(calls, h, self.checkpoint_activations)
 
     def drop_heads(self) -> None:
         """Remove every head (a pipeline stage before the last)."""

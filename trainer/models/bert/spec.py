@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from trainer.checkpoint.store import resolve_checkpoint
-from trainer.config import DEFAULT_DIVISIBLE_BY, T5Config
+from trainer.config import DECODER_OPTION_FIELDS, DEFAULT_DIVISIBLE_BY, DOCUMENT_FIELDS, T5Config
 from trainer.errors import TrainConfigError
 from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.models.bert.convert import (
@@ -25,7 +25,8 @@ from trainer.models.bert.model import PRETRAINING_HEAD, TIED_COPY_NAME, TIED_WEI
 from trainer.models.bert.parallelize import apply_tp
 from trainer.models.bert.pipeline import split_stage
 from trainer.models.bert.training import layout_rules, training_parts
-from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
+from trainer.family.spec import ModelSpec, section_fields
+from trainer.parallel.plan import ParallelPlan
 
 # The t5 section's sample options BERT's samples take too (Megatron's flags are shared).
 BERT_T5_FIELDS = ("mask_prob", "short_seq_prob")
@@ -83,5 +84,9 @@ SPEC = ModelSpec(
     generate=_refuse_generation,
     check_generation=_refuse_generation,
     parallel_generation=False,
-    unused_fields=("fused_qkv", *(name for name in section_fields(T5Config) if name not in BERT_T5_FIELDS)),
+    # pretrain_bert.py's args_defaults: {"tokenizer_type": "BertWordPieceLowerCase"}.
+    default_tokenizer_type="BertWordPieceLowerCase",
+    unused_fields=("fused_qkv", *DECODER_OPTION_FIELDS, *DOCUMENT_FIELDS,
+                   *(name for name in section_fields(T5Config) if name not in BERT_T5_FIELDS)),
+    tasks=(("question_answering", "trainer.models.bert.squad.task"),),
 )

@@ -20,7 +20,8 @@ from trainer.errors import TrainConfigError
 from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
 from trainer.models.bert.data import collate_bert
 from trainer.models.bert.model import BertShape
-from trainer.models.spec import FamilyLayout, TrainingParts
+from trainer.family.spec import TrainingParts
+from trainer.parallel.plan import FamilyLayout
 from trainer.parallel.dims import pad_vocab_size
 
 
@@ -62,6 +63,8 @@ def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
     rules = [(model.positions() >= model.seq_length,
               f"max_position_embeddings ({model.positions()}) is smaller than seq_length ({model.seq_length})"),
              (not config.parallelism.sequence_parallel, "sequence_parallel is not implemented for model bert")]
+    cp = config.parallelism.context_parallel_size
+    rules.append((cp == 1, f"context_parallel_size ({cp}) > 1 is not implemented for model bert (decoder models only)"))
     return FamilyLayout(rules, model.num_layers, f"num_layers ({model.num_layers})")
 
 

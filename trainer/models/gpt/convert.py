@@ -1,10 +1,12 @@
-"""Hugging Face GPT-2 directories <-> tokenmill GPT checkpoints, and HF weights into a (parallel) GPT.
+"""Hugging Face GPT-2 and Llama-class directories (`trainer.models.gpt.hf_decoders`) <-> tokenmill GPT
+checkpoints, and HF weights into a (parallel) GPT.
 
 A converted checkpoint is the trainer's DCP layout (`trainer.checkpoint.store`) with the model only, at
 iteration 0, so ``train --load`` starts from it in any tp/pp/dp layout. Beside it, in the checkpoint
 root, ``model_config.json`` records the shape, the real vocabulary size and the EOD id (what export
-and ``generate`` need and tensors cannot tell: the head count, the padding), and the HF tokenizer
-files are copied there.
+and ``generate`` need and tensors cannot tell: the head count, the padding; for a Llama-class import
+also its ``model_type``, so that a Mistral is exported as a Mistral), and the HF tokenizer files are
+copied there.
 
     import_hf_checkpoint("gpt2/", "checkpoints/gpt2")               # convert-checkpoint --from-hf ... --to ...
     export_hf_checkpoint("checkpoints/run1", "gpt2-finetuned/")      # convert-checkpoint --from ... --to-hf ...
@@ -37,7 +39,7 @@ from trainer.checkpoint.store import (
     resolve_checkpoint,
     save_checkpoint,
 )
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, HFConversionError, ModelFileError
 from trainer.checkpoint.hf_files import (
     copy_tokenizer_files,
     read_hf_config,
@@ -47,8 +49,18 @@ from trainer.checkpoint.hf_files import (
     write_hf_directory,
     write_json,
 )
-from trainer.models.gpt.hf import check_hf_config, hf_config_from_shape, shape_from_hf_config, state_from_hf, state_to_hf
-from trainer.models.gpt.model import GPT, GPTShape
+from trainer.models.gpt.hf_decoders import (
+    GPT_HF_MODEL_TYPES,
+    check_decoder_config,
+    hf_eos_id,
+    decoder_shape,
+    decoder_state,
+    export_decoder,
+    is_gpt2_shape,
+    is_llama_config,
+)
+from trainer.models.gpt.hf_llama import check_flag_expressible
+from trainer.models.gpt.model import DECODER_OPTIONS, GPT, GPTShape
 from trainer.config import DEFAULT_DIVISIBLE_BY
 from trainer.checkpoint.model_files import (
     SHAPE_PREFIX,
@@ -63,6 +75,9 @@ from trainer.parallel.dims import pad_vocab_size
 
 logger = logging.getLogger(__name__)
 
+# `GPTShape`'s Llama-class option fields and their GPT-2 values.
+DECODER_OPTION_DEFAULTS = {f.name: f.default for f in dataclasses.fields(GPTShape) if f.name in DECODER_OPTIONS}
+
 @dataclass(frozen=True, slots=True)
 class CheckpointModel:
     """What a checkpoint's tensors do not tell about its model."""
@@ -71,10 +86,14 @@ class CheckpointModel:
     vocab_size: int
     """Real (unpadded) vocabulary size."""
     eod_id: int | None
+    hf_model_type: str | None = None
+    """The Hugging Face ``model_type`` it was imported from (a Llama-class one; None: GPT-2 or unknown)."""
 
 
-# model_config.json's keys (``eod_id`` may be absent: older checkpoints).
-MODEL_CONFIG_KEYS = Keys(frozenset({"model", "shape", "vocab_size", "eod_id"}), frozenset({"shape", "vocab_size"}))
+# model_config.json's keys (``eod_id`` may be absent: older checkpoints; ``model_type`` only after a
+# Llama-class import).
+MODEL_CONFIG_KEYS = Keys(frozenset({"model", "shape", "vocab_size", "eod_id", "model_type"}),
+                         frozenset({"shape", "vocab_size"}))
 
 
 def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
@@ -82,9 +101,18 @@ def save_model_config(root: str | os.PathLike, model: CheckpointModel) -> None:
     Path(root).mkdir(parents=True, exist_ok=True)
     # The checkpoint's tensors are unfused whatever the run computed with (`trainer.models.gpt.fused_qkv`), so the
     # fusion switch is the saving run's, not the checkpoint's: it is left out.
-    shape = {name: value for name, value in dataclasses.asdict(model.shape).items() if name != "fused_qkv"}
+    # The Llama-class options are written only where they differ from GPT-2 (every option off): a GPT-2
+    # checkpoint's file stays byte for byte what it was, and reading fills the defaults back in.
+    shape = {name: value for name, value in dataclasses.asdict(model.shape).items()
+             if name != "fused_qkv" and not _default_option(name, value)}
+    recorded = {"model_type": model.hf_model_type} if model.hf_model_type not in (None, GPT_HF_MODEL_TYPES[0]) else {}
     write_json(Path(root) / MODEL_CONFIG_FILE, {"shape": shape,
-                                                "vocab_size": model.vocab_size, "eod_id": model.eod_id})
+                                                "vocab_size": model.vocab_size, "eod_id": model.eod_id, **recorded})
+
+
+def _default_option(name: str, value: Any) -> bool:
+    """Whether ``name`` is a Llama-class option of the shape at its GPT-2 value (left out of model_config.json)."""
+    return name in DECODER_OPTION_DEFAULTS and value == DECODER_OPTION_DEFAULTS[name]
 
 
 def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
@@ -104,17 +132,20 @@ def read_model_config(root: str | os.PathLike) -> CheckpointModel | None:
     shape = check_transformer_shape(value["shape"], GPTShape, str(path))
     check_vocabulary(str(path), value["vocab_size"], shape["padded_vocab_size"], f"{SHAPE_PREFIX}padded_vocab_size")
     check_token_id(str(path), "eod_id", value.get("eod_id"), value["vocab_size"])
+    if value.get("model_type", GPT_HF_MODEL_TYPES[0]) not in GPT_HF_MODEL_TYPES:
+        raise ModelFileError(f"{path}: model_type={value['model_type']!r}: must be one of "
+                             f"{', '.join(GPT_HF_MODEL_TYPES)}")
     try:
         shape = {**value["shape"], "moe": moe_settings_from_json(value["shape"].get("moe"))}
         return CheckpointModel(shape=GPTShape(**shape), vocab_size=int(value["vocab_size"]),
-                               eod_id=value.get("eod_id"))
+                               eod_id=value.get("eod_id"), hf_model_type=value.get("model_type"))
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: malformed model config ({error!r})") from None
 
 
 def model_config_from_hf(hf_config: dict[str, Any]) -> dict[str, Any]:
-    """The `trainer.config.ModelConfig` fields that a (checked) HF GPT-2 config fixes (for ``train --load-hf``)."""
-    return _model_fields(shape_from_hf_config(hf_config), hf_config["vocab_size"])
+    """The `trainer.config.ModelConfig` fields that a (checked) HF config fixes (for ``train --load-hf``)."""
+    return _model_fields(decoder_shape(hf_config), hf_config["vocab_size"])
 
 
 def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
@@ -122,38 +153,70 @@ def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
     return {"num_layers": shape.num_layers, "hidden_size": shape.hidden_size,
             "num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
             "max_position_embeddings": shape.max_position_embeddings, "vocab_size": vocab_size,
-            "layernorm_epsilon": shape.layernorm_epsilon}
+            "layernorm_epsilon": shape.layernorm_epsilon, **decoder_option_fields(shape)}
+
+
+def decoder_option_fields(shape: GPTShape) -> dict[str, Any]:
+    """The `trainer.config.ModelConfig` fields of ``shape``'s Llama-class options (the inverse of
+    `trainer.models.gpt.training.decoder_options`; kv_channels and the untied head are the t5 section's); the Llama 3.1 constants
+    other than the factor are Megatron's fixed ones and have no flag."""
+    return {"normalization": shape.normalization, "apply_layernorm_1p": shape.apply_layernorm_1p,
+            "swiglu": shape.swiglu, "position_embedding_type": shape.position_embedding_type,
+            "rotary_base": shape.rotary_base, "rotary_percent": shape.rotary_percent,
+            "rotary_seq_len_interpolation_factor": (int(shape.rotary_interpolation_factor)
+                                                    if shape.rotary_interpolation_factor is not None else None),
+            "use_rope_scaling": shape.rope_scaling_factor is not None,
+            **({"rope_scaling_factor": shape.rope_scaling_factor} if shape.rope_scaling_factor is not None else {}),
+            "group_query_attention": shape.num_query_groups is not None,
+            "num_query_groups": shape.num_query_groups,
+            "disable_bias_linear": not shape.add_bias_linear, "add_qkv_bias": shape.add_qkv_bias,
+            "qk_layernorm": shape.qk_layernorm}
 
 
 def gpt_checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """GPT's `checkpoint_train_defaults`: the shape, real vocabulary and experts of model_config.json, the tokenizer."""
     model = read_model_config(root)
     return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size)},
+            "t5": {"kv_channels": model.shape.kv_channels,
+                   "untie_embeddings_and_output_weights": model.shape.untie_embeddings_and_output_weights},
             "moe": moe_config_fields(model.shape.moe), **tokenizer_train_defaults(root)}
 
 
 def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Defaults that ``train --load-hf DIR`` takes from the directory, by `TrainConfig` section.
 
-    ``model``: the shape fields of `model_config_from_hf`; ``data``: the tokenizer options of the
-    tokenizer files stored there (absent when there are none). Flags the user gives still win;
-    `load_hf_weights` then rejects a shape the weights do not fit.
+    ``model``: the shape fields of `model_config_from_hf`; for a Llama-class directory ``t5``: the head width
+    and untied head (the flags T5 shares), ``moe``: Mixtral's experts; ``data``: the tokenizer options of the tokenizer files stored there (absent when there are none). Flags the user
+    gives still win; `load_hf_weights` then rejects a shape the weights do not fit.
 
     Raises:
-        HFConversionError: the directory is not a convertible GPT-2.
+        HFConversionError: the directory is not a convertible decoder, or (Llama-class) has rope settings
+            the flags cannot express.
     """
-    return {"model": model_config_from_hf(_checked_config(hf_dir)), **tokenizer_train_defaults(hf_dir)}
+    config = _checked_config(hf_dir)
+    sections = {"model": model_config_from_hf(config)}
+    if is_llama_config(config):
+        check_flag_expressible(config, str(Path(hf_dir) / "config.json"))
+        shape = decoder_shape(config)
+        # Llama-class models train without dropout (Megatron's Llama examples: --hidden-dropout 0
+        # --attention-dropout 0).
+        sections["model"] |= {"hidden_dropout": shape.hidden_dropout, "attention_dropout": shape.attention_dropout}
+        sections["t5"] = {"kv_channels": shape.kv_channels,
+                          "untie_embeddings_and_output_weights": shape.untie_embeddings_and_output_weights}
+        if shape.moe is not None:
+            sections["moe"] = moe_config_fields(shape.moe)
+    return {**sections, **tokenizer_train_defaults(hf_dir)}
 
 
 def _checked_config(hf_dir: str | os.PathLike) -> dict[str, Any]:
     config = read_hf_config(hf_dir)
-    check_hf_config(config, str(Path(hf_dir) / "config.json"))
+    check_decoder_config(config, str(Path(hf_dir) / "config.json"))
     return config
 
 
 def import_hf_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike, make_vocab_size_divisible_by: int = DEFAULT_DIVISIBLE_BY,
                          tensor_model_parallel_size: int = 1) -> Path:
-    """Convert a HF GPT-2 directory into a model-only tokenmill checkpoint at iteration 0.
+    """Convert a HF GPT-2 or Llama-class directory into a model-only tokenmill checkpoint at iteration 0.
 
     Args:
         hf_dir: local directory with config.json and the weights.
@@ -165,18 +228,18 @@ def import_hf_checkpoint(hf_dir: str | os.PathLike, root: str | os.PathLike, mak
         The checkpoint directory written.
 
     Raises:
-        HFConversionError: the directory is not a convertible GPT-2 (message names the file/tensor).
+        HFConversionError: the directory is not a convertible decoder (message names the file/field/tensor).
         CheckpointError: ``root`` already holds a checkpoint.
     """
     if (Path(root) / LATEST_FILE).exists():
         raise CheckpointError(f"{root} already holds a checkpoint; convert into a new directory")
     config = _checked_config(hf_dir)
     padded = pad_vocab_size(config["vocab_size"], make_vocab_size_divisible_by, tensor_model_parallel_size)
-    shape = shape_from_hf_config(config, padded)
-    state = state_from_hf(read_hf_weights(hf_dir), config, shape, str(hf_dir))
+    shape = decoder_shape(config, padded)
+    state = decoder_state(read_hf_weights(hf_dir), config, shape, str(hf_dir))
     Path(root).mkdir(parents=True, exist_ok=True)
     copy_tokenizer_files(hf_dir, root)
-    save_model_config(root, CheckpointModel(shape, config["vocab_size"], config.get("eos_token_id")))
+    save_model_config(root, CheckpointModel(shape, config["vocab_size"], hf_eos_id(config), config["model_type"]))
     # The pointer file, written last by save_checkpoint, is what makes the root a valid checkpoint.
     return save_checkpoint(root, IMPORTED_ITERATION, {MODEL_PREFIX + name: t for name, t in state.items()})
 
@@ -244,22 +307,36 @@ def export_hf_checkpoint(path: str | os.PathLike, hf_dir: str | os.PathLike, num
         CheckpointError: no checkpoint, or its tensors do not fit the model.
     """
     root, iteration, model = checkpoint_model(path, num_attention_heads, vocab_size, verify)
-    if model.shape.moe is not None:
+    if model.shape.moe is not None and is_gpt2_shape(model.shape):
         raise CheckpointError(f"{root} holds a mixture-of-experts GPT ({model.shape.moe.num_experts} experts), "
                               "which Hugging Face GPT-2 cannot express")
     state = read_checkpoint_state(root, iteration, model.shape, verify)
-    tensors = state_to_hf(state, model.shape.num_layers, model.vocab_size)
-    config = hf_config_from_shape(model.shape, model.vocab_size, model.eod_id)
+    try:
+        config, tensors = export_decoder(state, model.shape, model.vocab_size, model.eod_id, model.hf_model_type)
+    except HFConversionError as error:
+        raise HFConversionError(f"{root}: {error}") from None
     return write_hf_directory(hf_dir, config, tensors, tokenizer_source=root)
 
 
+# Fields of a run's shape that a HF directory's must equal (besides the experts): the sizes and the
+# Llama-class options; q/k/v groups and head width compared as the properties they define.
+_COMPARED_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
+                    "layernorm_epsilon", "query_groups", "head_dim",
+                    *(name for name in DECODER_OPTIONS if name not in ("num_query_groups", "kv_channels")))
+
+
 def _check_shape_fits(config: dict[str, Any], shape: GPTShape, source: str) -> None:
-    if shape.moe is not None:
+    theirs = decoder_shape(config, shape.padded_vocab_size)
+    if shape.moe is not None and theirs.moe is None and not is_llama_config(config):
         raise CheckpointError(f"{source}: a Hugging Face GPT-2 has no experts but the run asks for "
                               f"{expert_layout(shape.moe)}")
-    theirs = shape_from_hf_config(config, shape.padded_vocab_size)
-    for field in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "max_position_embeddings",
-                  "layernorm_epsilon"):
+    if (shape.moe is None) != (theirs.moe is None) or (shape.moe is not None and
+                                                       not shape.moe.same_parameters(theirs.moe)):
+        raise CheckpointError(f"{source}: the model has experts {expert_layout(theirs.moe)} but the run asks for "
+                              f"{expert_layout(shape.moe)}")
+    # Zero-centred norm weights are a way of storing them (converted on load), not another model.
+    compared = [f for f in _COMPARED_FIELDS if not (f == "apply_layernorm_1p" and is_llama_config(config))]
+    for field in compared:
         if getattr(theirs, field) != getattr(shape, field):
             raise CheckpointError(f"{source}: the model has {field} {getattr(theirs, field)} but the run asks for "
                                   f"{getattr(shape, field)}")
@@ -267,24 +344,24 @@ def _check_shape_fits(config: dict[str, Any], shape: GPTShape, source: str) -> N
 
 def load_hf_weights(named_parameters: list[tuple[str, nn.Parameter]], hf_dir: str | os.PathLike,
                     shape: GPTShape) -> dict[str, Any]:
-    """Fill a model's parameters with HF GPT-2 weights in place, in any tp/pp/dp layout.
+    """Fill a model's parameters with HF GPT-2 or Llama-class weights in place, in any tp/pp/dp layout.
 
     Args:
         named_parameters: this rank's parameters under full-model names (a pipeline stage's tied head
             copy named ``tok_embeddings.weight``), plain tensors or DTensors (TP, FSDP2).
-        hf_dir: local HF GPT-2 directory.
+        hf_dir: local HF directory (`trainer.models.gpt.hf_decoders.GPT_HF_MODEL_TYPES`).
         shape: the model's dimensions; the vocabulary may be padded beyond the config's.
 
     Returns:
         The HF config.
 
     Raises:
-        HFConversionError: the directory is not a convertible GPT-2.
-        CheckpointError: its dimensions differ from ``shape``.
+        HFConversionError: the directory is not a convertible decoder.
+        CheckpointError: its dimensions or options differ from ``shape``.
     """
     config = _checked_config(hf_dir)
     _check_shape_fits(config, shape, str(Path(hf_dir) / "config.json"))
-    state = state_from_hf(read_hf_weights(hf_dir), config, shape, str(hf_dir))
+    state = decoder_state(read_hf_weights(hf_dir), config, shape, str(hf_dir))
     for name, param in named_parameters:
         copy_into_parameter(param, state[name])
     logger.info("loaded Hugging Face weights from %s", hf_dir)

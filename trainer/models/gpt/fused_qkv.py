@@ -11,6 +11,10 @@ so column-parallel sharding of dim 0 (`ColwiseParallel`, Shard(0)) gives each te
 q, k and v rows of its own heads. (A [q; k; v] stack sharded on dim 0 would give rank 0 of 2 all of q
 and half of k.) The layout does not depend on the tp degree, so checkpoints reshard freely.
 
+With grouped-query attention (G key/value groups of H/G query heads each) the rows are per group, again
+as Megatron's ``linear_qkv``: ``[groups, H/G + 2, head_dim]``, a group's q heads, then its k, then its v
+(multi-head attention, G = H, is the layout above), so a tensor-parallel rank holds whole groups.
+
 Checkpoints always hold the unfused names (``model.layers.0.attention.wq.weight``,
 ``optim.layers.0.attention.wq.weight.exp_avg``): a run with or without fusion resumes from either,
 and ``convert-checkpoint``, ``generate`` and the HF mapping (GPT-2's ``c_attn`` is a [q | k | v]
@@ -36,26 +40,34 @@ FUSED_NAME = "attention.wqkv."
 FUSED_WEIGHT = FUSED_NAME + "weight"
 
 
-def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """Three projections -> the fused per-head layout.
+def fuse_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, num_heads: int,
+             num_groups: int | None = None) -> torch.Tensor:
+    """Three projections -> the fused per-group layout.
 
     Args:
-        q, k, v: [h, ...] each (a weight [h, h], a bias [h], or their optimiser moments).
-        num_heads: attention heads (h = num_heads x head_dim).
+        q: [H d, ...] (a weight [H d, h], a bias [H d], or their optimiser moments).
+        k, v: [G d, ...] each.
+        num_heads: query heads H.
+        num_groups: key/value groups G (None: H, multi-head attention).
 
     Returns:
-        [3h, ...], rows [heads, 3, head_dim] (a new contiguous tensor).
+        [(H + 2 G) d, ...], rows [groups, H/G + 2, head_dim] (a new contiguous tensor).
     """
-    rows = q.shape[0]
-    stacked = torch.stack([t.reshape(num_heads, rows // num_heads, *t.shape[1:]) for t in (q, k, v)], dim=1)
-    return stacked.reshape(QKV * rows, *q.shape[1:])
+    groups = num_groups or num_heads
+    per_group = [t.reshape(groups, t.shape[0] // groups, *t.shape[1:]) for t in (q, k, v)]
+    return torch.cat(per_group, dim=1).reshape(-1, *q.shape[1:])
 
 
-def split_qkv(fused: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The inverse of `fuse_qkv`: [3h, ...] in the per-head layout -> (q, k, v), [h, ...] each (contiguous)."""
-    rows = fused.shape[0] // QKV
-    per_head = fused.reshape(num_heads, QKV, rows // num_heads, *fused.shape[1:])
-    return tuple(per_head[:, index].reshape(rows, *fused.shape[1:]).contiguous() for index in range(QKV))
+def split_qkv(fused: torch.Tensor, num_heads: int, num_groups: int | None = None
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The inverse of `fuse_qkv`: [(H + 2 G) d, ...] in the per-group layout -> (q [H d, ...], k, v [G d, ...]),
+    contiguous."""
+    groups = num_groups or num_heads
+    head_dim = fused.shape[0] // (num_heads + 2 * groups)
+    q_rows = num_heads // groups * head_dim
+    per_group = fused.reshape(groups, -1, *fused.shape[1:])
+    parts = per_group.split([q_rows, head_dim, head_dim], dim=1)
+    return tuple(part.reshape(-1, *fused.shape[1:]).contiguous() for part in parts)
 
 
 def unfused_name(name: str, part: str) -> str:
@@ -67,7 +79,8 @@ def is_fused_name(name: str) -> bool:
     return FUSED_NAME in name
 
 
-def fuse_state(state: dict[str, torch.Tensor], num_heads: int) -> dict[str, torch.Tensor]:
+def fuse_state(state: dict[str, torch.Tensor], num_heads: int, num_groups: int | None = None
+               ) -> dict[str, torch.Tensor]:
     """Full (unsharded) tensors under unfused names -> the same under fused names (other entries kept).
 
     ``state`` maps names such as ``layers.0.attention.wq.weight`` (any prefix or suffix) to tensors;
@@ -77,24 +90,26 @@ def fuse_state(state: dict[str, torch.Tensor], num_heads: int) -> dict[str, torc
     for name, tensor in state.items():
         if f"attention.{PARTS[0]}." in name:
             target = name.replace(f"attention.{PARTS[0]}.", FUSED_NAME)
-            fused[target] = fuse_qkv(*(state[unfused_name(target, part)] for part in PARTS), num_heads=num_heads)
+            fused[target] = fuse_qkv(*(state[unfused_name(target, part)] for part in PARTS), num_heads=num_heads,
+                                     num_groups=num_groups)
         elif not any(f"attention.{part}." in name for part in PARTS[1:]):
             fused[name] = tensor
     return fused
 
 
-def _split_entry(tensor: torch.Tensor, num_heads: int) -> tuple[torch.Tensor, ...]:
+def _split_entry(tensor: torch.Tensor, num_heads: int, num_groups: int | None) -> tuple[torch.Tensor, ...]:
     """One fused state tensor -> its q, k, v tensors, sharded as ``tensor`` (a 0-d AdamW step is shared)."""
     if tensor.dim() == 0:
         return tuple(tensor.clone() for _ in range(QKV))
     if not isinstance(tensor, DTensor):
-        return split_qkv(tensor.detach(), num_heads)
+        return split_qkv(tensor.detach(), num_heads, num_groups)
     # Under FSDP2 a rank's rows need not be whole heads: regroup from the full tensor, one at a time.
-    parts = split_qkv(tensor.full_tensor(), num_heads)
+    parts = split_qkv(tensor.full_tensor(), num_heads, num_groups)
     return tuple(distribute_tensor(part, tensor.device_mesh, tensor.placements, src_data_rank=None) for part in parts)
 
 
-def to_checkpoint(state: dict[str, torch.Tensor], num_heads: int) -> dict[str, torch.Tensor]:
+def to_checkpoint(state: dict[str, torch.Tensor], num_heads: int, num_groups: int | None = None
+                  ) -> dict[str, torch.Tensor]:
     """A run's checkpoint state (``model.<param>``, ``optim.<param>.<key>``, ...) under unfused names.
 
     Each entry of a fused parameter becomes three new tensors, sharded like it (DTensors: the same
@@ -106,13 +121,14 @@ def to_checkpoint(state: dict[str, torch.Tensor], num_heads: int) -> dict[str, t
         if not is_fused_name(name):
             out[name] = tensor
             continue
-        for part, piece in zip(PARTS, _split_entry(tensor, num_heads)):
+        for part, piece in zip(PARTS, _split_entry(tensor, num_heads, num_groups)):
             out[unfused_name(name, part)] = piece
     return out
 
 
 @torch.no_grad()
-def from_checkpoint(loaded: dict[str, torch.Tensor], state: dict[str, torch.Tensor], num_heads: int) -> None:
+def from_checkpoint(loaded: dict[str, torch.Tensor], state: dict[str, torch.Tensor], num_heads: int,
+                    num_groups: int | None = None) -> None:
     """Copy the unfused entries of ``loaded`` (``to_checkpoint(state)``, then filled by a checkpoint
     load) back into the fused tensors of ``state``, in place. Collective like `to_checkpoint`."""
     for name, tensor in state.items():
@@ -123,4 +139,4 @@ def from_checkpoint(loaded: dict[str, torch.Tensor], state: dict[str, torch.Tens
             tensor.copy_(pieces[0])
             continue
         full = [p.full_tensor() if isinstance(p, DTensor) else p for p in pieces]
-        copy_into_parameter(tensor, fuse_qkv(*full, num_heads=num_heads))
+        copy_into_parameter(tensor, fuse_qkv(*full, num_heads=num_heads, num_groups=num_groups))

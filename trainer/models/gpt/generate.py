@@ -1,4 +1,5 @@
-"""GPT generation: continue prompts with a tokenmill GPT checkpoint or a Hugging Face GPT-2 directory.
+"""GPT generation: continue prompts with a tokenmill GPT checkpoint or a Hugging Face GPT-2 or Llama-class
+directory (`trainer.models.gpt.hf_decoders`).
 
 One process, or tp x pp x dp processes (under torchrun, ``generate --nproc-per-node N``, or a group the
 caller set up): prompts are split over the data-parallel replicas, run in left-padded batches with a
@@ -30,7 +31,7 @@ from trainer.generation.replicas import map_over_replicas
 from trainer.generation.sampling import SamplingConfig, next_tokens
 from trainer.checkpoint.hf_files import is_hf_directory, read_hf_config
 from trainer.models.gpt.convert import load_hf_weights, read_model_config
-from trainer.models.gpt.hf import check_hf_config, shape_from_hf_config
+from trainer.models.gpt.hf_decoders import check_decoder_config, decoder_shape, hf_eos_id
 from trainer.models.gpt.model import GPTShape
 from trainer.models.gpt.sharded import ShardedGPT, sharded_layout
 from trainer.parallel.dims import pad_vocab_size
@@ -74,9 +75,15 @@ class GPTSource:
         model.finish_loading()
         return model
 
+    def generate_ids(self, model: ShardedGPT, prompts: list[list[int]], max_new_tokens: int,
+                     sampling: SamplingConfig, eod_id: int | None, generator: torch.Generator | None
+                     ) -> list[list[int]]:
+        """`generate_ids` with ``model`` (the evaluation's ``generate_until``)."""
+        return generate_ids(model, prompts, max_new_tokens, sampling, eod_id, generator)
+
 
 def resolve_gpt_source(path: str, tp: int) -> GPTSource:
-    """The model of ``path``, a HF GPT-2 directory or a GPT checkpoint (root or iter_XXXXXXX directory); a HF
+    """The model of ``path``, a HF GPT-2 or Llama-class directory or a GPT checkpoint (root or iter_XXXXXXX directory); a HF
     vocabulary is padded only as far as ``tp`` shards need.
 
     Raises:
@@ -85,10 +92,10 @@ def resolve_gpt_source(path: str, tp: int) -> GPTSource:
     """
     if is_hf_directory(path):
         config = read_hf_config(path)
-        check_hf_config(config, f"{path}/config.json")
+        check_decoder_config(config, f"{path}/config.json")
         # No training layout to match: pad only as far as the tp shards need.
-        shape = shape_from_hf_config(config, pad_vocab_size(config["vocab_size"], 1, tp))
-        return GPTSource(Path(path), shape, config["vocab_size"], config.get("eos_token_id"), iteration=None)
+        shape = decoder_shape(config, pad_vocab_size(config["vocab_size"], 1, tp))
+        return GPTSource(Path(path), shape, config["vocab_size"], hf_eos_id(config), iteration=None)
     root, iteration = resolve_checkpoint(path)
     model = read_model_config(root)
     if model is None:

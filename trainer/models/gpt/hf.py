@@ -116,6 +116,19 @@ def _parameters(sizes: dict[str, int]) -> int:
                                   sizes["n_positions"])
 
 
+def embedding_rows(vocab_size: int, padded_vocab_size: int | None) -> int:
+    """Rows of our embedding for a Hugging Face model of ``vocab_size`` tokens: ``padded_vocab_size``, or the
+    vocabulary itself when None.
+
+    Raises:
+        HFConversionError: ``padded_vocab_size`` is smaller than the vocabulary.
+    """
+    padded = vocab_size if padded_vocab_size is None else padded_vocab_size
+    if padded < vocab_size:
+        raise HFConversionError(f"padded vocabulary size {padded} is smaller than the model's vocab_size {vocab_size}")
+    return padded
+
+
 def shape_from_hf_config(config: dict[str, Any], padded_vocab_size: int | None = None) -> GPTShape:
     """Our model dimensions for a (checked) GPT-2 config; dropouts as in the config.
 
@@ -123,10 +136,7 @@ def shape_from_hf_config(config: dict[str, Any], padded_vocab_size: int | None =
         config: the parsed config.json.
         padded_vocab_size: rows of our embedding; default the config's ``vocab_size`` (no padding).
     """
-    vocab = config["vocab_size"]
-    padded = vocab if padded_vocab_size is None else padded_vocab_size
-    if padded < vocab:
-        raise HFConversionError(f"padded vocabulary size {padded} is smaller than the model's vocab_size {vocab}")
+    padded = embedding_rows(config["vocab_size"], padded_vocab_size)
     return GPTShape(num_layers=config["n_layer"], hidden_size=config["n_embd"], num_attention_heads=config["n_head"],
                     ffn_hidden_size=config.get("n_inner") or MLP_WIDTH_FACTOR * config["n_embd"],
                     max_position_embeddings=config["n_positions"], padded_vocab_size=padded,

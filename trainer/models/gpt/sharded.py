@@ -45,9 +45,11 @@ def sharded_layout(shape: GPTShape, tp: int, pp: int, world_size: int, ep: int =
     Raises:
         TrainConfigError: naming the size that does not divide.
     """
-    split_by_tp = {"num_attention_heads": shape.num_attention_heads, "ffn_hidden_size": shape.ffn_hidden_size,
-                   "max_position_embeddings": shape.max_position_embeddings,
+    split_by_tp = {"num_attention_heads": shape.num_attention_heads, "num_query_groups": shape.query_groups,
+                   "ffn_hidden_size": shape.ffn_hidden_size,
                    "the checkpoint's padded vocabulary": shape.padded_vocab_size}
+    if shape.position_embedding_type == "learned_absolute":  # the table's rows are split over tp
+        split_by_tp["max_position_embeddings"] = shape.max_position_embeddings
     num_experts = shape.moe.num_experts if shape.moe is not None else None
     return GenerationLayout.resolve(tp, pp, world_size, split_by_tp, {"num_layers": shape.num_layers}, ep,
                                     num_experts)
@@ -89,7 +91,8 @@ class ShardedGPT:
         """Parameters under full-model names (a last stage's tied head copy is ``tok_embeddings.weight``)."""
         named = []
         for name, param in self.stage.named_parameters():
-            named.append((TIED_WEIGHT_NAME if name == TIED_COPY_NAME and self.stage.tok_embeddings is None else name,
+            tied_copy = self.stage.shape.tied and self.stage.tok_embeddings is None
+            named.append((TIED_WEIGHT_NAME if name == TIED_COPY_NAME and tied_copy else name,
                           param))
         return named
 
@@ -120,7 +123,8 @@ class ShardedGPT:
         else:
             h = torch.empty(batch, n, self.stage.shape.hidden_size, device=self.device)
             dist.recv(h, src=self._stage_rank(self.pp_rank - 1), group=self.pp_group)
-            h = self.stage(h, None, kv_cache=cache)
+            # Rotary positions of a left-padded batch (and of cached steps) are not 0..n-1 in every row.
+            h = self.stage(h, positions, kv_cache=cache)
         if not self.is_last:
             dist.send(h.contiguous(), dst=self._stage_rank(self.pp_rank + 1), group=self.pp_group)
         return h

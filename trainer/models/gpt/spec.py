@@ -18,24 +18,22 @@ from trainer.models.gpt.convert import (
     load_hf_weights,
     save_model_config,
 )
+from trainer.models.gpt.hf_decoders import GPT_HF_MODEL_TYPES
 from trainer.models.gpt.fused_qkv import from_checkpoint, to_checkpoint
 from trainer.models.gpt.generate import check_gpt_generation, generate_gpt, resolve_gpt_source
 from trainer.models.gpt.model import GPT, TIED_COPY_NAME, TIED_WEIGHT_NAME, GPTShape
 from trainer.models.gpt.parallelize import apply_tp
 from trainer.models.gpt.pipeline import split_stage
 from trainer.models.gpt.training import layout_rules, training_parts
-from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
-
-HF_MODEL_TYPE = "gpt2"
-
+from trainer.family.spec import ModelSpec, section_fields
+from trainer.parallel.plan import ParallelPlan
 
 def _load_hf_weights(named_parameters, hf_dir, shape: GPTShape) -> str:
-    load_hf_weights(named_parameters, hf_dir, shape)
-    return HF_MODEL_TYPE
+    return load_hf_weights(named_parameters, hf_dir, shape)["model_type"]
 
 
 def _save_model_config(root, shape: GPTShape, vocabulary: Vocabulary, hf_model_type: str) -> None:
-    save_model_config(root, CheckpointModel(shape, vocabulary.size, vocabulary.eod_id))
+    save_model_config(root, CheckpointModel(shape, vocabulary.size, vocabulary.eod_id, hf_model_type))
 
 
 def _import_hf_checkpoint(config: ConvertCheckpointConfig) -> Path:
@@ -49,12 +47,14 @@ def _export_hf_checkpoint(config: ConvertCheckpointConfig) -> Path:
 
 
 def _to_checkpoint(state: dict[str, torch.Tensor], shape: GPTShape) -> dict[str, torch.Tensor]:
-    return to_checkpoint(state, shape.num_attention_heads) if shape.fused_qkv else state
+    return to_checkpoint(state, shape.num_attention_heads, shape.query_groups) if shape.fused_qkv else state
 
 
 def _from_checkpoint(loaded: dict[str, torch.Tensor], state: dict[str, torch.Tensor], shape: GPTShape) -> None:
-    from_checkpoint(loaded, state, shape.num_attention_heads)
+    from_checkpoint(loaded, state, shape.num_attention_heads, shape.query_groups)
 
+
+GPT_T5_FIELDS = ("kv_channels", "untie_embeddings_and_output_weights")
 
 PLAN = ParallelPlan(
     build=GPT,
@@ -62,8 +62,9 @@ PLAN = ParallelPlan(
     split_stage=split_stage,
     apply_tp=apply_tp,
     blocks=lambda part: list(part.layers.values()),
-    tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME),
+    tied_names=lambda shape: (TIED_WEIGHT_NAME, TIED_COPY_NAME) if shape.tied else None,
     model_inputs=lambda mb: (mb.tokens, mb.position_ids),
+    model_kwargs=lambda mb: {} if mb.attention_mask is None else {"attention_mask": mb.attention_mask},
     # Checkpoints hold q, k and v apart whether or not a run fuses them (`fused_qkv`).
     to_checkpoint=_to_checkpoint,
     from_checkpoint=_from_checkpoint,
@@ -71,7 +72,7 @@ PLAN = ParallelPlan(
 
 SPEC = ModelSpec(
     name="gpt",
-    hf_model_types=(HF_MODEL_TYPE,),
+    hf_model_types=GPT_HF_MODEL_TYPES,
     training_parts=training_parts,
     layout_rules=layout_rules,
     parallel_plan=PLAN,
@@ -88,5 +89,7 @@ SPEC = ModelSpec(
     check_generation=check_gpt_generation,
     parallel_generation=True,
     scoring_source=resolve_gpt_source,
-    unused_fields=section_fields(T5Config, BertConfig),
+    # Two flags of the t5 section are a GPT's too (Megatron's): its head dim and its untied head.
+    unused_fields=tuple(name for name in section_fields(T5Config, BertConfig) if name not in GPT_T5_FIELDS),
+    tasks=(("text_generation", "trainer.models.gpt.task"),),
 )

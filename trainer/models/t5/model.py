@@ -23,16 +23,17 @@ Names map one-to-one onto Hugging Face ``T5ForConditionalGeneration`` (see `trai
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.checkpoint import checkpoint
 
 from trainer.config import FEED_FORWARD_KINDS
 from trainer.parallel.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
+from trainer.parallel.recompute import RECOMPUTE_CORE_ATTENTION, core_attention, run_layers
 from trainer.moe.layer import MoELayer
 from trainer.moe.settings import MoESettings
 from trainer.parallel.pipeline import settled
@@ -167,6 +168,7 @@ class Attention(nn.Module):
         self.wv = nn.Linear(shape.d_model, inner, bias=False)
         self.wo = nn.Linear(inner, shape.d_model, bias=False)
         self.dropout = KeyedDropout(shape.dropout_rate, tensor_parallel_dim=HEADS_DIM)
+        setattr(self, RECOMPUTE_CORE_ATTENTION, False)
 
     def heads(self, linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
         """[batch, seq, d_model] -> [batch, local heads, seq, d_kv]."""
@@ -195,7 +197,7 @@ class Attention(nn.Module):
                     k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
         mask = None if bias is None else bias.to(q.dtype)
-        out = attention(q, k, v, mask, False, 1.0, self.dropout, dropout_keys, dropout_site)
+        out = core_attention(self, attention, q, k, v, mask, False, 1.0, self.dropout, dropout_keys, dropout_site)
         return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
 
 
@@ -364,27 +366,23 @@ class T5(nn.Module):
 
     def run_encoder_layers(self, h: torch.Tensor, bias: torch.Tensor,
                            dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
-        for name, layer in self.encoder_layers.items():
-            keys = layer_keys(dropout_keys, int(name))
-            # Non-reentrant checkpointing keeps working under DTensor, FSDP2 and the pipeline schedules; the
-            # recomputation sees the same keys, so it draws the same masks.
-            h = (checkpoint(layer, h, bias, dropout_keys=keys, use_reentrant=False) if self.checkpoint_activations
-                 else layer(h, bias, dropout_keys=keys))
-        return h
+        # A recomputed layer sees the same keys, so it draws the same masks.
+        calls = [functools.partial(layer, bias=bias, dropout_keys=layer_keys(dropout_keys, int(name)))
+                 for name, layer in self.encoder_layers.items()]
+        return run_layers(calls, h, self.checkpoint_activations)
 
     def run_decoder_layers(self, h: torch.Tensor, bias: torch.Tensor, memory: torch.Tensor,
                            memory_bias: torch.Tensor | None, cache: dict | None = None,
                            dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
-        for name, layer in self.decoder_layers.items():
-            # Decoder layers follow the encoder's in the global layer order (as the pipeline splits them).
-            keys = layer_keys(dropout_keys, self.shape.num_encoder_layers + int(name))
-            if cache is not None:
+        if cache is not None:
+            for name, layer in self.decoder_layers.items():
                 h = layer(h, bias, memory, memory_bias, cache.setdefault(name, {}))
-            elif self.checkpoint_activations:
-                h = checkpoint(layer, h, bias, memory, memory_bias, dropout_keys=keys, use_reentrant=False)
-            else:
-                h = layer(h, bias, memory, memory_bias, dropout_keys=keys)
-        return h
+            return h
+        # Decoder layers follow the encoder's in the global layer order (as the pipeline splits them).
+        calls = [functools.partial(layer, bias=bias, memory=memory, memory_bias=memory_bias,
+                                   dropout_keys=layer_keys(dropout_keys, self.shape.num_encoder_layers + int(name)))
+                 for name, layer in self.decoder_layers.items()]
+        return run_layers(calls, h, self.checkpoint_activations)
 
     def head(self, h: torch.Tensor, dropout_keys: torch.Tensor | None = None) -> torch.Tensor:
         """Final decoder norm, the v1.0 output scaling, and the LM head: logits [batch, Ld, vocab]."""

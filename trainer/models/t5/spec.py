@@ -9,10 +9,11 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.data.batches import Vocabulary
 from trainer.checkpoint.store import resolve_checkpoint
-from trainer.config import DEFAULT_DIVISIBLE_BY, BertConfig
+from trainer.config import DECODER_OPTION_FIELDS, DEFAULT_DIVISIBLE_BY, DOCUMENT_FIELDS, BertConfig
 from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.errors import TrainConfigError
-from trainer.models.spec import ModelSpec, ParallelPlan, section_fields
+from trainer.family.spec import ModelSpec, section_fields
+from trainer.parallel.plan import ParallelPlan
 from trainer.models.t5.convert import (
     T5_MODEL,
     VOCAB_ROWS,
@@ -100,8 +101,10 @@ SPEC = ModelSpec(
     generate=generate_t5,
     check_generation=check_t5_generation,
     parallel_generation=True,
+    # pretrain_t5.py's args_defaults: {"tokenizer_type": "BertWordPieceLowerCase"}.
+    default_tokenizer_type="BertWordPieceLowerCase",
     # Lengths are encoder_seq_length/decoder_seq_length; positions are relative buckets (no table, no
     # init std of their own); one dropout_rate (hidden_dropout) serves attention too, as in HF's T5.
-    unused_fields=("seq_length", "init_method_std", "attention_dropout", "fused_qkv",
-                   *section_fields(BertConfig)),
+    unused_fields=("seq_length", "init_method_std", "attention_dropout", "fused_qkv", *DECODER_OPTION_FIELDS,
+                   *DOCUMENT_FIELDS, *section_fields(BertConfig)),
 )

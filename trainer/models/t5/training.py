@@ -6,7 +6,8 @@ from trainer.config import TrainConfig
 from trainer.data.batches import Vocabulary
 from trainer.errors import TrainConfigError
 from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
-from trainer.models.spec import FamilyLayout, TrainingParts
+from trainer.family.spec import TrainingParts
+from trainer.parallel.plan import FamilyLayout
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
 from trainer.models.t5.data import collate_t5
 from trainer.models.t5.model import T5Shape
@@ -30,6 +31,8 @@ def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
                 f"{name} ({length}) is not divisible by tensor_model_parallel_size ({tp}), which sequence_parallel "
                 f"needs") for name, length in (("encoder_seq_length", t5.encoder_seq_length),
                                                 ("decoder_seq_length", t5.decoder_seq_length)))]
+    cp = config.parallelism.context_parallel_size
+    rules.append((cp == 1, f"context_parallel_size ({cp}) > 1 is not implemented for model t5 (decoder models only)"))
     return FamilyLayout(rules, model.num_layers + decoder_layers,
                         f"num_layers + decoder_num_layers ({model.num_layers} + {decoder_layers})")
 
@@ -53,7 +56,8 @@ def flops_per_token(shape: T5Shape, encoder_length: int, decoder_length: int) ->
     decoder = shape.num_decoder_layers * (decoder_length * decoder_position + cross_kv)
     head = 2 * d * shape.vocab_size * decoder_length
     if shape.moe is not None:  # a MoE layer runs top-k experts' MLPs and its router
-        extra = (shape.moe.top_k - 1) * mlp + 2 * d * shape.moe.num_experts
+        expert_mlp = mlp * shape.moe.expert_width(d_ff) / d_ff  # as the dense MLP, moe_ffn_hidden_size wide
+        extra = shape.moe.top_k * expert_mlp - mlp + 2 * d * shape.moe.num_experts
         encoder += encoder_length * extra * sum(map(shape.moe.is_moe_layer, range(shape.num_encoder_layers)))
         decoder += decoder_length * extra * sum(map(shape.moe.is_moe_layer, range(shape.num_decoder_layers)))
     return FORWARD_BACKWARD_FACTOR * (encoder + decoder + head) / (encoder_length + decoder_length)

@@ -3,13 +3,13 @@
 lm-eval finds models in its own registry (``register_model``) and reads no entry points, so the model is
 registered when this module is imported. Run lm-eval's own command line through it:
 
-    python -m trainer.evaluation.lm_eval_adapter run --model tokenmill \\
+    python -m trainer.cli.lm_eval run --model tokenmill \\
         --model_args load=checkpoints/run1,tensor_model_parallel_size=2 --tasks lambada_openai --batch_size 8
     # any layout: every process runs lm-eval, the model splits itself over tp x pp x dp
-    torchrun --nproc-per-node 4 -m trainer.evaluation.lm_eval_adapter run --model tokenmill \\
+    torchrun --nproc-per-node 4 -m trainer.cli.lm_eval run --model tokenmill \\
         --model_args load=gpt2/,tensor_model_parallel_size=2 --tasks wikitext --device cpu
 
-or from Python: ``import trainer.evaluation.lm_eval_adapter`` and then ``lm_eval.simple_evaluate(model=
+or from Python: ``import trainer.cli.lm_eval`` and then ``lm_eval.simple_evaluate(model=
 "tokenmill", model_args="load=...")``. Model arguments: ``load`` (checkpoint or HF directory),
 ``tensor_model_parallel_size``, ``pipeline_model_parallel_size``, ``max_length`` (default: the model's
 positions), ``no_verify``; lm-eval's ``--batch_size`` and ``--device`` (cpu or cuda) are honoured.
@@ -32,6 +32,7 @@ from lm_eval.api.registry import register_model
 
 from trainer.evaluation.harness import HarnessScorer
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
+from trainer.models.dispatch import resolve_scoring_source
 
 MODEL_NAME = "tokenmill"
 # Rows per forward pass when lm-eval passes none, or "auto" (which we do not probe).
@@ -62,7 +63,8 @@ class TokenmillLM(TemplateLM):
                                  tensor_model_parallel_size=int(tensor_model_parallel_size),
                                  pipeline_model_parallel_size=int(pipeline_model_parallel_size),
                                  device=_device(device), progress=False)
-        model = self._resources.enter_context(open_eval_model(config))
+        source = resolve_scoring_source(config.load, config.tensor_model_parallel_size)
+        model = self._resources.enter_context(open_eval_model(config, source))
         self.scorer = HarnessScorer(model, int(max_length) if max_length else None)
 
     @property

@@ -1,6 +1,7 @@
 """`ModelSpec`: everything family-specific that the generic machinery (the loop, checkpoints, the CLIs)
-asks a model family. One spec per family, registered by name in `trainer.models`; the core never tests
-a family's name.
+asks a model family. One spec per family, registered by name in `trainer.models`, which hands the specs to the
+core from the top (the CLIs, `train()`); the core never imports a family or the registry, and never tests a
+family's name.
 
 Adding a family is adding a folder `trainer/models/<name>/` whose `spec.py` holds its `SPEC`, and one
 line in `trainer.models.FAMILIES`.
@@ -14,20 +15,16 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.config import TrainConfig
-from trainer.data.batches import MicroBatch, Vocabulary, token_cross_entropy
+from trainer.data.batches import MicroBatch, Vocabulary
+from trainer.parallel.plan import FamilyLayout, ParallelPlan, Shape
 
-if TYPE_CHECKING:  # annotations only: these modules ask the registry, which imports the specs
+if TYPE_CHECKING:  # annotations only (importing them here would load every command's module)
     from trainer.evaluation.scoring import ScoringSource
     from trainer.generation.generate import Completion, GenerateConfig
     from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
-
-Shape = Any
-"""A family's resolved model dimensions (`GPTShape`, `T5Shape`): vocabulary already padded."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,55 +42,6 @@ class TrainingParts:
     encoder + decoder lengths, not the real tokens a span-corruption sample fills)."""
     flops_per_token: float
     """Training FLOPs per position (for TFLOP/s and MFU)."""
-
-
-@dataclass(frozen=True, slots=True)
-class FamilyLayout:
-    """A family's own layout rules for a run (`trainer.parallel.dims.resolve_parallel_dims` adds the shared ones)."""
-
-    rules: list[tuple[bool, str]]
-    """(holds, the one-line message when it does not) for each rule, checked in order."""
-    num_layers: int
-    """Blocks the pipeline stages divide."""
-    layers_name: str
-    """How a message names them (the flags that set them, with their values)."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ParallelPlan:
-    """How `trainer.parallel.runner.ParallelModel` builds, splits, shards and feeds a family's model.
-
-    The module ``build`` returns (and every stage ``split_stage`` makes of it) keeps full-model parameter
-    names, and has ``init_parameter(name, tensor)`` (the family's initialisation of one full-size
-    parameter), ``tie_weights()`` (re-tie after allocation; a no-op for untied models) and a
-    ``checkpoint_activations`` attribute its forward honours.
-    """
-
-    build: Callable[[Shape], nn.Module]
-    """The full model, on the current default device (the runner builds it on ``meta``)."""
-    num_layers: Callable[[Shape], int]
-    """Blocks the pipeline stages divide."""
-    split_stage: Callable[[nn.Module, int, int], nn.Module]
-    """(full model, stage id, number of stages) -> that pipeline stage.
-    Raises `trainer.errors.TrainConfigError` when the layers do not divide."""
-    apply_tp: Callable[[nn.Module, DeviceMesh, bool], None]
-    """(part, tp mesh, sequence parallel): shard a part in place. Raises `TrainConfigError` for a size that
-    does not divide or a mode the family lacks."""
-    blocks: Callable[[nn.Module], list[nn.Module]]
-    """A part's transformer blocks: compiled one by one under ``--compile``, one FSDP2 unit each
-    (`trainer.parallel.parallelize.apply_fsdp`)."""
-    tied_names: Callable[[Shape], tuple[str, str] | None]
-    """(embedding name, name of the last pipeline stage's copy) of a tied input/output weight; None if untied."""
-    model_inputs: Callable[[MicroBatch], tuple[torch.Tensor, ...]]
-    """The tensors a micro-batch feeds the model (the first pipeline stage), in ``forward``'s order."""
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = token_cross_entropy
-    """(the last stage's outputs, the micro-batch's ``targets``) -> the mean loss of the micro-batch, a
-    scalar (under tensor parallelism computed inside ``loss_parallel``)."""
-    to_checkpoint: Callable[[dict[str, torch.Tensor], Shape], dict[str, torch.Tensor]] | None = None
-    """A run's state under the names checkpoints hold, for a model that computes in another layout
-    (GPT's fused q/k/v); None: the run's names are the checkpoint's."""
-    from_checkpoint: Callable[[dict[str, torch.Tensor], dict[str, torch.Tensor], Shape], None] | None = None
-    """The inverse of ``to_checkpoint``: (loaded, state, shape) fills ``state`` in place."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,6 +80,8 @@ class ModelSpec:
     """(config, world size): raise what every rank of ``generate`` would, before any process starts."""
     parallel_generation: bool
     """Whether ``generate`` runs split over processes (tensor/pipeline/data parallel)."""
+    default_tokenizer_type: str = "GPT2BPETokenizer"
+    """The ``--tokenizer-type`` of a run that names none (Megatron's pretrain_<family>.py sets it per family)."""
     unused_fields: tuple[str, ...] = ()
     """`TrainConfig` field names the family never reads (``seq_length`` for T5, the t5 section for GPT):
     ``train`` refuses each one the user gives, naming its flag, instead of ignoring it."""
@@ -139,6 +89,10 @@ class ModelSpec:
     """``evaluate`` and lm-eval's ``tokenmill`` model: (checkpoint or HF directory, tensor-parallel size) -> the
     model to score with, in any tp x pp x dp layout (`trainer.evaluation.scoring.ScoringSource`); None: the
     family is not evaluated."""
+    tasks: tuple[tuple[str, str], ...] = ()
+    """The `trainer.Trainer` tasks the family owns: (MindFormers' task name, the module whose ``TASK`` class runs
+    it), such as ``("question_answering", "trainer.models.bert.squad.task")``; the module is imported only when
+    the task is asked for."""
 
 
 def section_fields(*sections: type) -> tuple[str, ...]:
