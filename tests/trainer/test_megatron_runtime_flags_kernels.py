@@ -27,7 +27,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.cli import train as train_cli
 from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import KernelConfig, MoEConfig, ObservabilityConfig, ParallelismConfig, TrainConfig
 from trainer.errors import TrainConfigError
@@ -37,7 +36,7 @@ from trainer.moe.router import load_balancing_loss, sequence_load_balancing_loss
 from trainer.moe.settings import MoESettings
 from trainer.parallel.attention_backend import attention_kernels
 from trainer.parallel.dims import overlap_notes, resolve_parallel_dims
-from trainer_testing import argv_for, result_record, tiny_config
+from trainer_testing import argv_for, result_record, tiny_config, train_in_process
 
 STEPS = 3
 # (flag words, config section, field): every same-math switch (`flag(..., same_math=...)`).
@@ -64,16 +63,6 @@ SAME_MATH = [
 
 def parse(argv: list[str]) -> TrainConfig:
     return config_from_args(build_parser().parse_args(argv))
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, list[str]]:
-    try:
-        code = train_cli.main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err.strip().splitlines()
 
 
 def test_every_same_math_switch_is_in_this_table_and_says_so_in_help():
@@ -117,7 +106,7 @@ def test_a_run_given_every_same_math_switch_has_the_same_losses(reference, tiny_
 ])
 def test_refused_values_are_one_line(argv, named, tmp_path, capsys):
     before = sorted(tmp_path.iterdir())
-    code, lines = run_cli(["--dataset", str(tmp_path / "missing"), "--device", "cpu", *argv], capsys)
+    code, lines = train_in_process(["--dataset", str(tmp_path / "missing"), "--device", "cpu", *argv], capsys)
     assert code != 0
     assert len(lines) == 1 and named in lines[0], lines
     assert sorted(tmp_path.iterdir()) == before
@@ -156,7 +145,7 @@ def test_a_kernel_the_device_lacks_is_one_line(tiny_prefix, cache_dir, capsys):
         with attention_kernels("fused", torch.device("cpu"), torch.float32):
             pass
     argv = argv_for(tiny_config(tiny_prefix, cache_dir, train_iters=1)) + ["--attention-backend", "fused"]
-    code, lines = run_cli(argv, capsys)
+    code, lines = train_in_process(argv, capsys)
     assert code != 0 and len(lines) == 1, lines
     assert "--attention-backend fused" in lines[0] and "on cpu" in lines[0]
 

@@ -28,24 +28,13 @@ import time
 import pytest
 import torch
 
-from trainer.cli import train as train_cli
 from trainer.config import KernelConfig, ObservabilityConfig
 from trainer.metrics.step_observer import StepObserver, trace_path
-from trainer_testing import argv_for, result_record, tiny_config
+from trainer_testing import argv_for, result_record, tiny_config, train_in_process
 
 STEPS = 5
 # Seconds wandb's service may take to write an offline run's file after the run finished, and the poll period.
 WANDB_FLUSH_S, POLL_S = 60, 0.2
-
-
-def run_cli(argv: list[str], capsys) -> tuple[int, list[str]]:
-    try:
-        code = train_cli.main(argv)
-    except SystemExit as exit_:
-        code = exit_.code
-    err = capsys.readouterr().err
-    assert "Traceback" not in err
-    return code, err.strip().splitlines()
 
 
 def profiled_steps(trace: str) -> set[int]:
@@ -78,7 +67,7 @@ def test_profile_traces_exactly_the_asked_steps_on_the_asked_ranks(tiny_prefix, 
 ])
 def test_inconsistent_flags_are_one_line(flags, named, tmp_path, capsys):
     flags = [str(tmp_path / "save") if word == "SAVE" else word for word in flags]
-    code, lines = run_cli(["--dataset", str(tmp_path / "missing"), "--device", "cpu", *flags], capsys)
+    code, lines = train_in_process(["--dataset", str(tmp_path / "missing"), "--device", "cpu", *flags], capsys)
     assert code != 0
     assert len(lines) == 1 and named in lines[0], lines
     assert list(tmp_path.iterdir()) == []
@@ -86,7 +75,7 @@ def test_inconsistent_flags_are_one_line(flags, named, tmp_path, capsys):
 
 def test_record_memory_history_on_a_cpu_is_one_line(tiny_prefix, cache_dir, tmp_path, capsys):
     argv = argv_for(tiny_config(tiny_prefix, cache_dir, train_iters=1)) + ["--record-memory-history"]
-    code, lines = run_cli(argv, capsys)
+    code, lines = train_in_process(argv, capsys)
     assert code != 0 and len(lines) == 1, lines
     assert "--record-memory-history records the CUDA allocator's history; this run computes on cpu" in lines[0]
 
@@ -114,11 +103,11 @@ def test_logging_level_leaves_out_info_lines(tiny_prefix, cache_dir, capsys, cap
     root = logging.getLogger()
     level = root.level
     try:
-        assert run_cli(argv + ["--logging-level", "30"], capsys)[0] == 0
+        assert train_in_process(argv + ["--logging-level", "30"], capsys)[0] == 0
         assert "iteration" not in caplog.text
         caplog.clear()
         root.setLevel(logging.INFO)
-        assert run_cli(argv + ["--logging-level", "20"], capsys)[0] == 0
+        assert train_in_process(argv + ["--logging-level", "20"], capsys)[0] == 0
         assert " iteration        1/       1" in caplog.text
     finally:
         root.setLevel(level)
@@ -147,7 +136,7 @@ def test_wandb_offline_run_holds_the_metrics(tiny_prefix, cache_dir, tmp_path, m
 def test_wandb_without_the_package_is_one_line(monkeypatch, tmp_path, capsys):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
-    code, lines = run_cli(["--dataset", str(tmp_path / "missing"), "--wandb-project", "p"], capsys)
+    code, lines = train_in_process(["--dataset", str(tmp_path / "missing"), "--wandb-project", "p"], capsys)
     assert code != 0 and lines == ["train: error: --wandb-project needs the wandb package: pip install wandb"]
 
 

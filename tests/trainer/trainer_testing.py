@@ -14,6 +14,7 @@ import numpy as np
 
 from indexed_dataset import IndexedDataset, IndexedDatasetWriter
 from process_testing import run_jobs
+from trainer.cli import train as train_cli
 from trainer.cli.train_args import option_name
 from trainer.config import (
     CheckpointConfig,
@@ -110,6 +111,18 @@ def lr_after_steps(config: TrainConfig, taken: int) -> float:
 def result_record(config: TrainConfig) -> dict:
     """Run ``config`` and return its result as plain data."""
     return dataclasses.asdict(train(config))
+
+
+def train_in_process(argv: list[str], capsys) -> tuple[int, list[str]]:
+    """``train argv`` in this process as a user types it (`trainer.cli.train.main`): (exit code, stderr lines),
+    after checking that no traceback was printed."""
+    try:
+        code = train_cli.main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return code, err.strip().splitlines()
 
 
 def run_in_processes(world_size: int, configs: list[TrainConfig], workdir: Path) -> list[dict]:
