@@ -6,8 +6,8 @@
 This follows megatron-core's BlendedMegatronDatasetBuilder: a single unweighted prefix gives plain
 GPT splits; a blend builds each member's split with its weighted share plus a surplus and then
 interleaves them; an unweighted blend takes one epoch of each member (exhaustively, or up to the
-requested size in proportion to the members' lengths). `build_gpt_datasets` wraps the result in
-torch Datasets.
+requested size in proportion to the members' lengths); mock data (`config.mock`) is one dataset, Megatron's
+synthetic documents, in place of a prefix. `build_gpt_datasets` wraps the result in torch Datasets.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from .gpt.indices import (
     gpt_index_description,
     load_or_build_gpt_indices,
 )
+from .mock import MOCK_NAME, MockTokenSource
 from .indices import (
     blend_index_bytes,
     blend_sizes,
@@ -49,6 +50,8 @@ BLEND_INDEX_KINDS = ("dataset_index", "dataset_sample_index")
 
 Sizes = tuple[Optional[int], Optional[int], Optional[int]]
 RangeOf = Callable[[TokenSource], Optional[tuple[int, int]]]
+MOCK_BLEND = ([MOCK_NAME], None)
+"""The blend of mock data: its one source, named."""
 
 
 @dataclass(frozen=True)
@@ -91,14 +94,18 @@ class _Builder:
     def __init__(self, config: GPTDatasetConfig, timings: PhaseTimings) -> None:
         self.config = config
         self.timings = timings
-        self.datasets: dict[str, TokenSource] = {}
+        self.datasets: dict[str, TokenSource | MockTokenSource] = {}
 
-    def dataset(self, prefix: str) -> TokenSource:
+    def dataset(self, prefix: str) -> TokenSource | MockTokenSource:
         if prefix not in self.datasets:
-            self.datasets[prefix] = TokenSource(prefix, mmap_bin=self.config.mmap_bin_files)
+            config = self.config
+            self.datasets[prefix] = (MockTokenSource(config.vocab_size, config.eod_id) if config.mock
+                                     else TokenSource(prefix, mmap_bin=config.mmap_bin_files))
         return self.datasets[prefix]
 
     def cache(self, prefix: str) -> IndexCache:
+        if self.config.mock:  # no files to sit beside: in memory unless given a directory, as Megatron
+            return IndexCache(self.config.path_to_cache)
         return IndexCache(self.config.path_to_cache or default_cache_directory(prefix))
 
     def mid_level(self, prefix: str, split: int, range_of: RangeOf, num_samples: Optional[int]) -> Optional[MidLevelSplit]:
@@ -238,9 +245,10 @@ def build_split_indices(
         raise ValueError(f"sizes must be three counts >= 0 or None, got {sizes}")
     builder = _Builder(config, timings if timings is not None else PhaseTimings())
     splits: list[Optional[SplitIndices]] = []
+    blend = MOCK_BLEND if config.mock else config.blend
     for split in range(len(SPLIT_NAMES)):
-        if config.blend is not None:
-            prefixes, weights = config.blend
+        if blend is not None:
+            prefixes, weights = blend
             range_of: RangeOf = lambda dataset, split=split: split_ranges(config.split, len(dataset))[split]
         elif config.blend_per_split[split] is not None:
             prefixes, weights = config.blend_per_split[split]
@@ -248,7 +256,7 @@ def build_split_indices(
         else:
             splits.append(None)
             continue
-        if len(prefixes) == 1 and (weights is None or config.blend is None):
+        if len(prefixes) == 1 and (weights is None or blend is None):
             splits.append(builder.mid_level(prefixes[0], split, range_of, sizes[split]))
         else:
             splits.append(builder.blended(prefixes, weights, split, range_of, sizes[split]))

@@ -3,6 +3,7 @@
     cfg = GPTDatasetConfig(sequence_length=2048, random_seed=1234,
                            blend=(["data/a_text_document", "data/b_text_document"], [0.7, 0.3]),
                            split="949,50,1", eod_id=50256)
+    mock = GPTDatasetConfig(sequence_length=2048, mock=True, vocab_size=50257, eod_id=50256)   # --mock-data
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .errors import BlendFormatError
+from .mock import MOCK_SPLIT
 from .indices import MID_LEVEL_DATASET_SURPLUS, SEPARATE_FINAL_EPOCH_THRESHOLD
 from .splits import SPLIT_NAMES, normalize_weights, parse_split
 
@@ -68,13 +70,20 @@ class GPTDatasetConfig:
     """The last epoch is shuffled apart when it supplies fewer than this fraction of an epoch."""
     mmap_bin_files: bool = True
     """Megatron's: map each mmap dataset's `.bin`; False: read its tokens with plain file reads (the same tokens)."""
+    mock: bool = False
+    """Megatron's mock data (`mock.MockTokenSource`) instead of a blend: needs `vocab_size` and `eod_id`, no
+    blend; `split` is Megatron's "1,1,1" (None is filled in)."""
+    vocab_size: Optional[int] = None
+    """The tokenizer's vocabulary size; with `mock` only (the mock tokens count modulo it)."""
 
     def __post_init__(self) -> None:
         if self.sequence_length < 1:
             raise ValueError(f"sequence_length must be >= 1, got {self.sequence_length}")
-        if (self.blend is None) == (self.blend_per_split is None):
+        if self.mock or self.vocab_size is not None:
+            self._check_mock()
+        elif (self.blend is None) == (self.blend_per_split is None):
             raise ValueError("exactly one of blend and blend_per_split must be given")
-        if self.blend is not None:
+        elif self.blend is not None:
             if self.split is None:
                 raise ValueError("split is required with blend (e.g. '949,50,1')")
             parse_split(self.split)
@@ -93,6 +102,20 @@ class GPTDatasetConfig:
             raise ValueError(f"mid_level_dataset_surplus must be >= 0, got {self.mid_level_dataset_surplus}")
         if not 0 <= self.separate_final_epoch_threshold <= 1:
             raise ValueError(f"separate_final_epoch_threshold must be in [0, 1], got {self.separate_final_epoch_threshold}")
+
+    def _check_mock(self) -> None:
+        """The rules of `mock`, and Megatron's split filled in."""
+        if not self.mock:
+            raise ValueError("vocab_size applies to mock data only")
+        if self.blend is not None or self.blend_per_split is not None:
+            raise ValueError("mock data excludes blend and blend_per_split")
+        if self.split not in (None, MOCK_SPLIT):
+            raise ValueError(f"mock data is split {MOCK_SPLIT} (Megatron's), got split {self.split!r}")
+        if self.vocab_size is None or self.eod_id is None:
+            raise ValueError("mock data needs vocab_size and eod_id (the tokenizer's)")
+        if self.vocab_size < 1:
+            raise ValueError(f"vocab_size must be >= 1, got {self.vocab_size}")
+        self.split = MOCK_SPLIT
 
     @property
     def extra_tokens(self) -> int:

@@ -202,3 +202,65 @@ def test_the_folder_checks_see_a_two_way_import():
     assert _folder("trainer.models.gpt") == "trainer.models.gpt" and _folder("trainer.models") == "trainer.models"
     assert _is_core("trainer.parallel.dims") and _is_core("trainer.config")
     assert not _is_core("trainer.cli.train") and not _is_core("trainer.models.gpt.spec") and not _is_core("trainer.train")
+
+
+# No module outside `trainer/models/` names a family in code: no string equal to a family's name (compared,
+# a key, a value), no class named for a family, no import of a module named for one (`preprocess.tokenizers.t5`).
+# Docstrings, messages and help text that mention a family (``"--fused-qkv applies to model gpt only"``) are prose.
+# The exceptions, each with its reason: (module, what is named).
+NAMING_EXCEPTIONS = {
+    # `--model`'s default: a config built in Python (`TrainConfig()`) is a GPT run, as Megatron's pretrain_gpt.py.
+    ("trainer.config", "default 'gpt'"),
+    # `inspect --model`'s default: the sample kinds are `samplers.view.SAMPLE_KINDS`' (the data's layout), not
+    # the trainer's families.
+    ("trainer.cli.inspect", "default 'gpt'"),
+}
+
+
+def _family_names() -> set[str]:
+    return {family.rpartition(".")[2] for family in _families()}
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The ids of the string constants that are docstrings or bare string statements (prose)."""
+    return {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
+            and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def _names_of_families(path: Path, families: set[str]) -> list[str]:
+    """What ``path``'s code names of a family (``'t5'``, ``class T5Config``, ``import preprocess.tokenizers.t5``),
+    with the line of each."""
+    tree = ast.parse(path.read_text(), str(path))
+    prose = _docstrings(tree)
+    defaults = {id(node.value) for node in ast.walk(tree) if isinstance(node, (ast.AnnAssign, ast.keyword))
+                and (isinstance(node, ast.AnnAssign) or node.arg == "default")}
+    found = []
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+                and node.value.lower() in families):
+            found.append((node.lineno, ("default " if id(node) in defaults else "") + repr(node.value)))
+        elif isinstance(node, ast.ClassDef) and any(node.name.lower().startswith(f) for f in families):
+            found.append((node.lineno, f"class {node.name}"))
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = ([alias.name for alias in node.names] if isinstance(node, ast.Import)
+                       else [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names])
+            found += [(node.lineno, f"import {m}") for m in modules if set(m.split(".")) & families]
+    return [f"{line}: {what}" for line, what in sorted(found)]
+
+
+def test_no_module_outside_the_models_folder_names_a_family():
+    families = _family_names()
+    assert families >= {"gpt", "t5", "bert"}
+    broken = [f"{path.relative_to(ROOT)}:{where}" for name, path in _modules().items()
+              if _is_under(name, "trainer") and not _is_under(name, REGISTRY)
+              for where in _names_of_families(path, families)
+              if (name, where.partition(": ")[2]) not in NAMING_EXCEPTIONS]
+    assert not broken, f"{len(broken)} names of a family outside trainer/models/:\n" + "\n".join(broken)
+
+
+def test_the_naming_check_sees_a_comparison_a_class_and_an_import(tmp_path):
+    module = tmp_path / "core.py"
+    module.write_text('"""Docstring naming t5."""\nimport preprocess.tokenizers.t5\n\n\nclass BertConfig:\n'
+                      '    """bert"""\n\n\ndef f(model="bert"):\n    return model == "t5" or model in ("gpt",)\n')
+    assert _names_of_families(module, {"gpt", "t5", "bert"}) == [
+        "2: import preprocess.tokenizers.t5", "5: class BertConfig", "9: 'bert'", "10: 'gpt'", "10: 't5'"]

@@ -4,8 +4,9 @@ Field names follow Megatron-LM's flags (``num_layers`` is ``--num-layers``). Eac
 one-line docstring; `trainer.cli.train_args` turns the fields and their docstrings into the ``train`` flags.
 Every numeric field declares its valid `Range` (``flag(..., valid=...)``), which ``--help`` prints and
 `check_ranges` enforces. Checks that need only one section live in that section's ``__post_init__``;
-checks across sections in `TrainConfig.__post_init__`, and those that need the world size in
-`trainer.parallel.dims.ParallelDims`.
+checks across sections in `TrainConfig.__post_init__`, those that depend on the family in
+`trainer.family.checks`, and those that need the world size in `trainer.parallel.dims.ParallelDims`. A family's
+own settings are its section in `TrainConfig.families` (declared in its folder, `trainer.models.<family>`).
 
 Example:
     >>> cfg = TrainConfig(model=ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4,
@@ -20,12 +21,13 @@ from __future__ import annotations
 import importlib.util
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import Field, dataclass, field, fields
 from typing import Any
 
 from indexed_dataset.cli_parser import SEED_MAX
 from samplers.errors import BlendFormatError, SplitFormatError
+from samplers.mock import MOCK_SPLIT
 from samplers.run_length import DEFAULT_EVAL_INTERVAL, DEFAULT_EVAL_ITERS
 from samplers.splits import DEFAULT_SPLIT, SPLIT_NAMES, parse_blend, parse_split
 from trainer.errors import ModelFileError, TrainConfigError
@@ -40,8 +42,8 @@ from trainer.moe.router import LOAD_BALANCING_TYPES, ROUTER_DTYPES
 from trainer.parallel.attention_backend import ATTENTION_BACKENDS
 from trainer.parallel.recompute import RECOMPUTE_GRANULARITIES, RECOMPUTE_METHODS, Recompute
 
-# T5's MLP kinds (Hugging Face's feed_forward_proj): v1.0's ReLU, v1.1/mT5's gated GELU.
-FEED_FORWARD_KINDS = ("relu", "gated-gelu")
+# The `TrainConfig` field that holds the families' own sections (by name) in place of a section of its own.
+FAMILIES_FIELD = "families"
 # Megatron's default: the loss scale starts at 2**32 and halves on every overflow until it fits.
 DEFAULT_INITIAL_LOSS_SCALE = 2.0**32
 # Steps of a run that gives neither train_iters nor train_samples.
@@ -162,11 +164,13 @@ def _field_problem(f: Field, value: Any) -> str | None:
     return None
 
 
-def train_field_problem(name: str, value: Any) -> str | None:
+def train_field_problem(name: str, value: Any, family_sections: Iterable[type] = ()) -> str | None:
     """What is wrong with ``value`` (already of the field's type) for the `TrainConfig` field ``name`` on its
-    own (its range, choices and grammar): for a value a file gives, which the command line may override."""
-    for section in fields(TrainConfig):
-        for f in fields(section.default_factory):
+    own (its range, choices and grammar): for a value a file gives, which the command line may override.
+    ``family_sections``: the families' own section classes (`TrainConfig.families`), which the registry gives."""
+    core = [section.default_factory for section in fields(TrainConfig) if section.name != FAMILIES_FIELD]
+    for section in (*core, *family_sections):
+        for f in fields(section):
             if f.name == name:
                 grammar = f.metadata.get("grammar")
                 return _field_problem(f, value) or (grammar(value) if grammar and value is not None else None)
@@ -292,10 +296,15 @@ class ModelConfig:
     """GPT: biases on q, k and v even with disable_bias_linear (Qwen2)."""
     qk_layernorm: bool = False
     """GPT: normalize q and k per head (the model's normalization) before rotary embedding (Qwen3)."""
+    kv_channels: int | None = flag(None, "--kv-hidden-size", valid=AT_LEAST_ONE)
+    """Channels per attention head (T5's d_kv, a GPT's head dim (Megatron's Llama 3 example); CPM-Pretrain:
+    --kv-hidden-size); default hidden_size / num_attention_heads."""
+    untie_embeddings_and_output_weights: bool = False
+    """Separate LM head (T5 v1.1, mT5, a GPT such as Llama); tied T5 heads scale the decoder output by
+    hidden_size**-0.5 (v1.0)."""
 
     def __post_init__(self) -> None:
-        if self.fused_qkv and self.model != "gpt":
-            raise TrainConfigError(f"fused_qkv applies to model gpt only, not {self.model}")
+        # Whether the family computes q, k and v fused is the family's (`trainer.family.checks`).
         check_ranges(self)
         self._check_decoder_options()
         if self.hidden_size % self.num_attention_heads:
@@ -374,22 +383,25 @@ class DataConfig:
                                       "batches), which yields the same batches in the same order for any number")
     """Megatron: the DataLoader's worker processes (its default 2)."""
     mock_data: bool = False
-    """Megatron's synthetic tokens (MockGPTDataset): refused (not implemented); give a dataset."""
+    """GPT (Megatron's MockGPTDataset): synthetic tokens instead of a dataset, for throughput runs: 100000
+    documents of seeded lengths 1..4095, each 1, 2, 3, ... modulo the vocabulary then the tokenizer's EOD, split
+    1,1,1 whatever --split says (as Megatron). Needs the vocabulary size and EOD id: --tokenizer-type
+    NullTokenizer --vocab-size N (EOD N-1), or tokenizer files. Excludes --data-path and the other data paths."""
     no_mmap_bin_files: bool = False
     """Megatron's: read each .bin with plain file reads (one per sample piece) instead of a memory map, for file
     systems where maps are slow; the same tokens. (GPT's data; other families' data refuse it.)"""
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.mock_data:
-            raise TrainConfigError("mock_data is not implemented: train reads its tokens from a dataset (give "
-                                   "data_path)")
         if self.reset_attention_mask and self.no_create_attention_mask_in_dataloader:
             raise TrainConfigError("reset_attention_mask needs the per-sample mask that "
                                    "no_create_attention_mask_in_dataloader leaves out (Megatron would silently "
                                    "train with plain causal attention): give one of the two")
         if self.dataset and self.data_path:
             raise TrainConfigError("give either `dataset` or `data_path`, not both")
+        if self.mock_data:
+            self._check_mock_data()
+            return
         if self._check_per_split_paths():
             return
         # Megatron's default split, filled in here so that a split given with per-split paths can be refused.
@@ -397,6 +409,21 @@ class DataConfig:
         problem = split_problem(self.split)
         if problem is not None:
             raise TrainConfigError(problem)
+
+    def _check_mock_data(self) -> None:
+        """Megatron's rule for mock data (one data source), and its split: 1,1,1 whatever `split` says (the
+        `train` CLI warns when a user's split is so replaced).
+
+        Raises:
+            TrainConfigError: mock_data given with a data path.
+        """
+        paths = [name for name in ("data_path", "dataset", "train_data_path", "valid_data_path", "test_data_path")
+                 if getattr(self, name)]
+        if paths:
+            given = " and ".join(f"`{name}`" for name in paths)
+            raise TrainConfigError(f"`mock_data` excludes {given}: Megatron takes a single data source "
+                                   "(synthetic tokens, or a dataset)")
+        self.split = MOCK_SPLIT
 
     def _check_per_split_paths(self) -> bool:
         """True when the run gives per-split data paths (Megatron's --train-data-path ...), after checking them.
@@ -449,8 +476,11 @@ class DataConfig:
         """Prefixes and their weights (None = weight by size), from either spelling.
 
         Raises:
-            TrainConfigError: no prefix given, or weights and prefixes do not alternate.
+            TrainConfigError: no prefix given (or mock_data, which only GPT reads), or weights and prefixes do not
+                alternate.
         """
+        if self.mock_data:
+            raise TrainConfigError("`mock_data` is GPT's (Megatron's MockGPTDataset): this model reads a dataset")
         if self.dataset:
             return list(self.dataset), None
         if self.blend_per_split is not None:
@@ -515,14 +545,12 @@ class TrainingConfig:
     exit_signal: str = flag("SIGTERM", choices=EXIT_SIGNALS)
     """Megatron's: the signal --exit-signal-handler catches."""
     calculate_per_token_loss: bool = False
-    """Megatron's loss summed over the global batch's tokens and divided by their count: refused (not
-    implemented); train's loss is Megatron's default, each micro-batch's mean over its tokens, averaged."""
+    """Megatron's: the loss (and its gradient) is the mean over all loss tokens of the global batch (every
+    micro-batch, every data/context-parallel rank), not the mean of each micro-batch's per-token mean; they
+    differ when micro-batches hold different numbers of loss tokens (eod_mask_loss, T5's padding). Not for BERT."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
-        if self.calculate_per_token_loss:
-            raise TrainConfigError("calculate_per_token_loss is not implemented: train averages each micro-batch's "
-                                   "per-token mean (Megatron's default); drop the flag for that loss")
         if self.rampup_batch_size is not None and self.step_batch_size_schedule is not None:
             raise TrainConfigError("give either rampup_batch_size or step_batch_size_schedule, not both")
         if self.rampup_batch_size is not None and self.global_batch_size is None:
@@ -963,49 +991,16 @@ class LoggingConfig:
 
 
 @dataclass(kw_only=True, slots=True)
-class T5Config:
-    """T5 span-corruption pre-training (read with model t5; hidden_size, heads, ffn_hidden_size, layers from model)."""
+class MaskingConfig:
+    """Corrupted samples (read with model t5 and bert): what T5's spans and BERT's masks cover, how often short."""
 
-    encoder_seq_length: int = flag(512, "--enc-seq-length", valid=AT_LEAST_ONE)
-    """Encoder positions per sample (CPM-Pretrain: --enc-seq-length)."""
-    decoder_seq_length: int = flag(128, "--dec-seq-length", valid=AT_LEAST_ONE)
-    """Decoder positions per sample (CPM-Pretrain: --dec-seq-length)."""
-    kv_channels: int | None = flag(None, "--kv-hidden-size", valid=AT_LEAST_ONE)
-    """Channels per attention head (T5's d_kv, a GPT's head dim (Megatron's Llama 3 example); CPM-Pretrain:
-    --kv-hidden-size); default hidden_size / num_attention_heads."""
-    decoder_num_layers: int | None = flag(None, valid=AT_LEAST_ONE)
-    """Decoder blocks; default num_layers (the encoder's)."""
-    vocab_extra_ids: int = flag(100, valid=NON_NEGATIVE)
-    """Sentinel tokens <extra_id_k> added to a vocabulary that has none."""
-    feed_forward_proj: str = flag("relu", choices=FEED_FORWARD_KINDS)
-    """MLP kind: relu (T5 v1.0) or gated-gelu (T5 v1.1, mT5)."""
-    untie_embeddings_and_output_weights: bool = False
-    """Separate LM head (T5 v1.1, mT5, a GPT such as Llama); tied T5 heads scale the decoder output by
-    hidden_size**-0.5 (v1.0)."""
-    scale_decoder_outputs: bool | None = None
-    """Scale the decoder output by hidden_size**-0.5 before the head; default: when the head is tied (T5
-    v1.0). train --load-hf/--load take it from the model (transformers' mT5 never scales)."""
-    relative_attention_num_buckets: int = flag(32, valid=AT_LEAST_ONE)
-    """Relative position buckets of the attention bias (Megatron's and T5's default)."""
-    relative_attention_max_distance: int = flag(128, valid=AT_LEAST_ONE)
-    """Distance (positions) beyond which relative positions share the last bucket."""
     mask_prob: float = flag(0.15, valid=Range(0, 1, low_open=True, high_open=True))
     """Noise density: the fraction of a sample's tokens replaced by spans (BERT: masked)."""
-    mean_noise_span_length: float = flag(3.0, valid=Range(1))
-    """Average tokens per noise span."""
     short_seq_prob: float = flag(0.1, valid=FRACTION)
     """Probability of a sample with a shorter random target length (T5 and BERT)."""
 
     def __post_init__(self) -> None:
         check_ranges(self)
-
-
-@dataclass(kw_only=True, slots=True)
-class BertConfig:
-    """BERT pre-training (read with model bert; shape from model, --mask-prob and --short-seq-prob from t5)."""
-
-    bert_no_binary_head: bool = False
-    """Train masked LM only: no pooler, no sentence-order head, single-segment samples (Megatron's spelling)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -1243,17 +1238,20 @@ class TrainConfig:
     launch: LaunchConfig = field(default_factory=LaunchConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
-    t5: T5Config = field(default_factory=T5Config)
-    bert: BertConfig = field(default_factory=BertConfig)
+    masking: MaskingConfig = field(default_factory=MaskingConfig)
+    families: dict[str, Any] = field(default_factory=dict)
+    """The run's family's own section by the family's name (``{"t5": T5Config(...)}``:
+    `trainer.family.spec.ModelSpec.settings`), which the ``train`` flags build from the registry; read with
+    `section` (which adds the defaults of one the config was built without). The flag table lists every
+    family's section here, between logging and moe."""
     moe: MoEConfig = field(default_factory=MoEConfig)
     recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
     kernels: KernelConfig = field(default_factory=KernelConfig)
     observability: ObservabilityConfig = field(default_factory=ObservabilityConfig)
 
     def __post_init__(self) -> None:
-        if self.data.no_mmap_bin_files and self.model.model != "gpt":
-            raise TrainConfigError(f"no_mmap_bin_files applies to GPT data only; model {self.model.model} reads "
-                                   "its sentence-split data through memory maps")
+        # The rules that depend on the family (fused_qkv, no_mmap_bin_files, MoE layers per stack) are
+        # `trainer.family.checks.check_family_options`, which the top runs with the family's spec.
         if self.parallelism.grad_reduce_in_bf16:
             # Megatron reads it under bf16 only (its fp32 and fp16 runs reduce in the parameters' dtype).
             if not self.precision.bf16:
@@ -1286,12 +1284,21 @@ class TrainConfig:
         # The schedule's own rules (a warm-up shorter than the decay, ...). Any batch size gives the same verdict:
         # an iteration-based run's lengths all scale with it.
         self.optimizer.scheduler(self.training, self.training.global_batch_size or 1)
-        # Every stack (T5: encoder and decoder) counts its MoE layers from moe_layer_offset.
-        layers = max(self.model.num_layers, self.t5.decoder_num_layers or 0) if self.model.model == "t5" \
-            else self.model.num_layers
-        if self.moe.num_experts is not None and self.moe.moe_layer_offset >= layers:
-            raise TrainConfigError(f"moe_layer_offset ({self.moe.moe_layer_offset}) is past the last layer "
-                                   f"(num_layers {layers}): no layer would be a MoE layer")
+
+    def section(self, name: str, default: Callable[[], Any] | None = None) -> Any:
+        """Section ``name``: a core one (``model``) or a family's own (``t5``), which ``default()`` creates and
+        `families` keeps when the config was built without it.
+
+        Raises:
+            TrainConfigError: no such section (a family's, asked for without a default).
+        """
+        if name in self.families:
+            return self.families[name]
+        if default is not None:
+            return self.families.setdefault(name, default())
+        if name in {f.name for f in fields(self)} and name != FAMILIES_FIELD:
+            return getattr(self, name)
+        raise TrainConfigError(f"the config has no section {name!r}")
 
     def batch_size_schedule(self) -> BatchSizeSchedule | None:
         """The global batch size of each step (consumed samples -> samples) when it changes during the run

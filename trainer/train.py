@@ -49,6 +49,7 @@ from trainer.config import TrainConfig
 from trainer.data.batches import Prefetcher, explained_sample_counts, step_iterator
 from trainer.parallel.collective_timeout import process_group_timeout, reported_timeouts
 from trainer.parallel.distributed import DistContext, init_distributed, resolve_device_type, restart_count
+from trainer.parallel.rank_progress import RankProgress
 from trainer.optim.batch_size_schedule import check_batch_sizes, samples_after
 from trainer.optim.grads import (
     clip_factor,
@@ -65,6 +66,7 @@ from trainer.metrics.memory_report import gather_reports, measure_memory
 from trainer.metrics.step_observer import StepObserver, trace_root
 from trainer.metrics.writers import MetricsWriter, StepTimer, TrainStats, WandbRun, device_peak_flops
 from trainer.metrics.records import METRICS_FILE_NAME
+from trainer.family.checks import check_family_options
 from trainer.models import model_spec
 from trainer.moe.settings import check_family_has_experts
 from trainer.parallel.attention_backend import attention_kernels, backend_names
@@ -133,9 +135,11 @@ def train(config: TrainConfig) -> TrainResult:
     ctx = init_distributed(device_type, process_group_timeout(timeout_minutes))
     run: _Run | None = None
     try:
-        with reported_timeouts(timeout_minutes, ctx.rank, lambda: run.completed_iteration if run else None), \
+        with RankProgress.open(ctx.store, ctx.rank, ctx.world_size) as progress, \
+                reported_timeouts(timeout_minutes, ctx.rank, lambda: run.completed_iteration if run else None,
+                                  progress), \
                 contextlib.ExitStack() as held:
-            run = _Run(config, ctx, held)
+            run = _Run(config, ctx, held, progress)
             return run.train()
     finally:
         if ctx.owns_process_group:
@@ -144,16 +148,19 @@ def train(config: TrainConfig) -> TrainResult:
 
 class _Run:
     """Everything one training run holds; built in `__init__`, driven by `train`. ``held`` keeps what the run
-    holds until it ends (the lock of its save directory)."""
+    holds until it ends (the lock of its save directory). ``progress``: this rank's records of the phase it is in
+    (None for one process)."""
 
-    def __init__(self, config: TrainConfig, ctx: DistContext, held: contextlib.ExitStack) -> None:
+    def __init__(self, config: TrainConfig, ctx: DistContext, held: contextlib.ExitStack,
+                 progress: RankProgress | None = None) -> None:
         started = time.monotonic()
-        self.config, self.ctx = config, ctx
+        self.config, self.ctx, self.progress = config, ctx, progress
         checkpoint = config.checkpoint
         check_load_path(checkpoint.load, checkpoint.save)
         check_save_directory(checkpoint.save, checkpoint.load, checkpoint.overwrite_save)
         # Everything that can fail on bad input happens before the first collective (mesh creation).
         self.spec = model_spec(config.model.model)
+        check_family_options(config, self.spec)  # (the ``train`` flags ran it already; a Python caller's config not)
         if config.data.tokenizer_type is None:
             # The family's default (Megatron's pretrain_<family>.py sets it per family): the config cannot
             # know it, as the core never imports the registry.
@@ -202,7 +209,8 @@ class _Run:
         self.model = ParallelModel(self.spec.parallel_plan, self.shape, self.dims, self.mesh, config.parallelism,
                                    ctx.device, config.data.seed,
                                    config.recompute.policy(config.training.checkpoint_activations), autocast,
-                                   compile_blocks=config.training.compile)
+                                   compile_blocks=config.training.compile,
+                                   per_token_loss=config.training.calculate_per_token_loss)
         # The HF model type the checkpoints record (of the family's several, say), for `convert-checkpoint --to-hf`.
         self.hf_model_type = self.spec.hf_model_types[0]
         if config.checkpoint.load_hf is not None:
@@ -281,14 +289,21 @@ class _Run:
             state[f"rng.rank{self.ctx.rank}.cuda"] = torch.cuda.get_rng_state(self.ctx.device)
         return state
 
+    def _enter(self, phase: str) -> None:
+        """Record the phase of `iteration` this rank enters (`RankProgress`: names it if it never arrives)."""
+        if self.progress is not None:
+            self.progress.enter(self.iteration, phase)
+
     def _save(self) -> None:
+        self._enter("save")
         init_state(self.optimizer)
         root = self.config.checkpoint.save
         # What the tensors cannot tell (head count, real vocabulary) and the tokenizer, so that
         # `convert-checkpoint --to-hf` and `generate` need no extra flags.
         if self.ctx.rank == 0:
             self.spec.save_model_config(root, self.shape, self.vocabulary, self.hf_model_type)
-            record_sequence_lengths(root, self.config, self.spec.unused_fields)
+            record_sequence_lengths(root, {name: getattr(self.config.section(section), name)
+                                           for section, name in self.spec.sequence_lengths})
         if self.ctx.rank == 0 and self.config.checkpoint.load_hf is not None:
             copy_tokenizer_files(self.config.checkpoint.load_hf, root)
         if self.ctx.rank == 0 and self.tokenizer is not None:
@@ -491,6 +506,7 @@ class _Run:
                 # This step's global batch (it changes under a batch-size ramp).
                 gbs = self.step_batch_size = len(microbatches) * samples_per_microbatch
                 self.iteration += 1
+                self._enter("step")
                 # The rates of the samples consumed before this step (Megatron's). The schedule advances only
                 # after a step that was taken: after a skipped fp16 step the next runs at the same rates.
                 apply_schedule(self.optimizer, self.scheduler)
@@ -514,6 +530,7 @@ class _Run:
                     self.writer.train(self._stats(window, lr))
                     window = _Window()
                 if self.iteration % cfg.logging.eval_interval == 0 and self.iteration < train_iters:
+                    self._enter("evaluation")
                     self.evaluate(self.valid_ds, "valid", self.run_length.consumed_valid_samples(self.iteration - 1))
                 if cfg.checkpoint.save and cfg.checkpoint.save_interval and \
                         self.iteration % cfg.checkpoint.save_interval == 0 and self.iteration < train_iters:
@@ -536,6 +553,7 @@ class _Run:
             return result
         final_evaluations = (("valid", self.valid_ds, self.run_length.consumed_valid_samples(self.iteration)),
                              ("test", self.test_ds, 0))
+        self._enter("final evaluations")
         for split, dataset, first_sample in final_evaluations:
             loss = self.evaluate(dataset, split, first_sample)
             if loss is not None:

@@ -14,6 +14,10 @@ from trainer.parallel.context import ContextParallel, context_parallel_loss
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 
 
+def _sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def attention_errors(seq_len: int, groups: int, seed: int = 0) -> dict[str, float]:
     """Max abs difference of this rank's attention output and q/k/v gradients (keys/values of ``groups``
     groups, gathered over all ranks) from one process's causal attention over the whole sequence."""
@@ -28,11 +32,7 @@ def attention_errors(seq_len: int, groups: int, seed: int = 0) -> dict[str, floa
     context = ContextParallel(dist.group.WORLD)
     layout = context.layout
     local = [layout.shard(t.detach(), dim=2).requires_grad_() for t in (q, k, v)]
-    k_all, v_all = context.gather_kv(local[1], local[2], seq_dim=2)
-    local_len = local[0].shape[2]
-    mask = context.attention_mask(local_len, q.device)
-    out_local = F.scaled_dot_product_attention(local[0], k_all.repeat_interleave(repeat, 1),
-                                               v_all.repeat_interleave(repeat, 1), attn_mask=~mask)
+    out_local = context.attention(*local, repeat, attend=_sdpa)
     (out_local * layout.shard(weight, dim=2)).sum().backward()
     errors = {"out": (out_local - layout.shard(out.detach(), dim=2)).abs().max().item()}
     for name, full, part in zip(("dq", "dk", "dv"), (q, k, v), local):

@@ -13,7 +13,6 @@ from trainer_testing import argv_for
 
 from trainer.cli.train import main
 from trainer.config import (
-    BertConfig,
     CheckpointConfig,
     DataConfig,
     LoggingConfig,
@@ -24,6 +23,7 @@ from trainer.config import (
     TrainingConfig,
 )
 from trainer.errors import TrainConfigError
+from trainer.models.bert.settings import BertConfig
 from trainer.train import train
 
 STEPS, HALF = 8, 4
@@ -58,7 +58,7 @@ def bert_config(prefix: str, data_test, cache: str, *, train_iters: int = STEPS,
         optimizer=OptimizerConfig(lr=1e-2, min_lr=1e-3, lr_warmup_iters=2, lr_decay_iters=2 * STEPS),
         checkpoint=CheckpointConfig(save=save, load=load),
         logging=LoggingConfig(log_interval=4, eval_iters=1, metrics_file=os.devnull),
-        bert=BertConfig(bert_no_binary_head=not binary_head),
+        families={"bert": BertConfig(bert_no_binary_head=not binary_head)},
     )
 
 

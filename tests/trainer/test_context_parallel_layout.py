@@ -1,7 +1,7 @@
 """Context parallelism's pieces (`trainer.parallel.context`): Megatron's load-balanced layout (rank r of N keeps
-chunks r and 2N-1-r of 2N), the causal mask of the local queries against the gathered keys, the all-gather of
-keys/values whose backward returns the gradients to their owners (with grouped-query attention), and the loss
-as the mean over all tokens of the sequence. Collectives run in spawned gloo processes."""
+chunks r and 2N-1-r of 2N), the causal mask of a block of local queries against the keys up to its end, the
+gathered attention whose backward returns the key/value gradients to their owners (with grouped-query
+attention), and the loss as the mean over all tokens of the sequence. Collectives run in spawned gloo processes."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 from context_parallel_testing import attention_errors, loss_error
 from process_testing import run_jobs
-from trainer.parallel.context import ContextLayout
+from trainer.parallel.context import ContextLayout, block_causal_mask
 
 # float64 attention of a few dozen terms: a wrong position or a missing gradient is O(1), rounding ~1e-15.
 TOLERANCE = 1e-10
@@ -39,11 +39,14 @@ def test_the_ranks_together_hold_every_position_once(size):
         assert torch.equal(layout.shard(tokens), layout.local_indices(16).expand(3, -1))
 
 
-def test_mask_is_causal_over_true_positions():
-    mask = ContextLayout(2, 1).causal_mask(4)  # queries at 2, 3, 4, 5; keys at 0, 1, 6, 7 | 2, 3, 4, 5
-    keys = [0, 1, 6, 7, 2, 3, 4, 5]
-    for row, query in enumerate([2, 3, 4, 5]):
-        assert mask[row].tolist() == [key > query for key in keys]
+@pytest.mark.parametrize(("start", "block"), [(0, 4), (5, 4), (9, 2), (12, 4)])
+def test_a_block_of_queries_sees_the_keys_up_to_its_own_position(start, block):
+    # Queries at start..start+block-1 against keys 0..start+block-1: a view of one mask of 4 rows by 16 keys.
+    rows, seq_len = 4, 16
+    keys = start + block
+    view = block_causal_mask(rows, seq_len, torch.float32, torch.device("cpu"))[rows - block:, seq_len - keys:]
+    for row in range(block):
+        assert torch.isinf(view[row]).tolist() == [key > start + row for key in range(keys)]
 
 
 def test_a_sequence_that_does_not_divide_is_refused():

@@ -40,8 +40,7 @@ def run_config(tiny_prefix, cache_dir, hf_dir, save):
     defaults = hf_train_defaults(hf_dir)
     model = dataclasses.replace(config.model, **defaults["model"], make_vocab_size_divisible_by=128)
     moe = dataclasses.replace(config.moe, **defaults.get("moe", {}))
-    t5 = dataclasses.replace(config.t5, **defaults["t5"])
-    return dataclasses.replace(config, model=model, moe=moe, t5=t5,
+    return dataclasses.replace(config, model=model, moe=moe,
                                checkpoint=dataclasses.replace(config.checkpoint, load_hf=str(hf_dir)))
 
 

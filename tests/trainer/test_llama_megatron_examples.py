@@ -29,15 +29,15 @@ LLAMA3_MODEL_ARGS = [
     "--apply-layernorm-1p", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
 ]
 # examples/llama TRAINING_ARGS; samples 1953125000 / 1949218748 / 3906252 -> 16 / 16 / 2, global batch 128 -> 8.
-# Left out, as `train` refuses them in one line (test_megatron_flags_remaining.py): --calculate-per-token-loss
-# (not implemented), and DTYPE_ARGS' --fp8-format hybrid --fp8-amax-history-len 1024 --fp8-amax-compute-algo max
-# --fp8-param-gather (fp8 needs Transformer Engine; the script's DTYPE=bf16 branch is what runs here).
+# Left out, as `train` refuses them in one line (test_megatron_flags_remaining.py): DTYPE_ARGS' --fp8-format hybrid
+# --fp8-amax-history-len 1024 --fp8-amax-compute-algo max --fp8-param-gather (fp8 needs Transformer Engine; the
+# script's DTYPE=bf16 branch is what runs here).
 LLAMA3_TRAINING_ARGS = [
     "--micro-batch-size", "1", "--global-batch-size", "8", "--train-samples", "16", "--lr-decay-samples", "16",
     "--lr-warmup-samples", "2", "--lr", "0.00015", "--min-lr", "0.00001", "--decoupled-lr", "5.0e-4",
     "--decoupled-min-lr", "4.5e-5", "--lr-decay-style", "cosine", "--clip-grad", "1.0", "--weight-decay", "0.1",
     "--adam-beta1", "0.9", "--adam-beta2", "0.95", "--bf16", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
-    "--manual-gc",
+    "--calculate-per-token-loss", "--manual-gc",
     "--empty-unused-memory-level", "1", "--exit-duration-in-mins", "235",
     # MODEL_PARALLEL_ARGS and DDP_ARGS
     "--tensor-model-parallel-size", "1", "--context-parallel-size", "1", "--sequence-parallel",

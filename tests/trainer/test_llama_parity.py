@@ -21,7 +21,7 @@ import dataclasses
 import pytest
 from trainer_testing import result_record, run_in_processes, tiny_config
 
-from trainer.config import ModelConfig, MoEConfig, T5Config, TrainConfig
+from trainer.config import ModelConfig, MoEConfig, TrainConfig
 
 TOLERANCE = 1e-4
 EXPERTS = 4
@@ -40,11 +40,10 @@ def llama_config(prefix: str, cache: str, *, experts: bool = False, ep: int = 1,
                         apply_layernorm_1p=True, swiglu=True, ffn_hidden_size=48, position_embedding_type="rope",
                         rotary_base=500000, rotary_percent=0.5, use_rope_scaling=True, rope_scaling_factor=8.0,
                         group_query_attention=True, num_query_groups=2, disable_bias_linear=True,
-                        add_qkv_bias=True, qk_layernorm=True, fused_qkv=fused_qkv)
-    # Megatron's --kv-channels and --untie-embeddings-and-output-weights live in the t5 section (T5 reads them too).
-    t5 = T5Config(kv_channels=16, untie_embeddings_and_output_weights=True)
+                        add_qkv_bias=True, qk_layernorm=True, fused_qkv=fused_qkv, kv_channels=16,
+                        untie_embeddings_and_output_weights=True)
     moe = MoEConfig(num_experts=EXPERTS, moe_router_topk=2, expert_model_parallel_size=ep) if experts else MoEConfig()
-    return dataclasses.replace(config, model=model, moe=moe, t5=t5)
+    return dataclasses.replace(config, model=model, moe=moe)
 
 
 def with_switches(config: TrainConfig, **training) -> TrainConfig:

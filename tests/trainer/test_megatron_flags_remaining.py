@@ -12,8 +12,8 @@ Megatron's meaning or a one-line refusal that says why:
   with accumulate_allreduce_grads_in_fp32 or with expert parallelism it is refused in one line;
 - ``--no-mmap-bin-files`` reads each ``.bin`` with plain file reads, no memory map: the same tokens, the same
   losses (GPT data; another model's data refused in one line);
-- ``--calculate-per-token-loss`` and ``--mock-data`` are refused in one line naming the flag and saying that it
-  is not implemented (nothing accepted and then ignored);
+- ``--mock-data`` and ``--calculate-per-token-loss``, once refused here, are implemented now (test_mock_data.py,
+  test_per_token_loss.py);
 - ``--num-workers`` is accepted (the trainer's read-ahead thread reads the batches): the same batches, the same
   losses, a negative count refused in one line.
 """
@@ -211,15 +211,6 @@ def averaged_in_bf16() -> tuple[list[str], list[float]]:
 def test_grad_reduce_in_bf16_refusals(extra, words, tiny_prefix, cache_dir, capsys):
     assert main([*tiny_argv(tiny_prefix, cache_dir), "--grad-reduce-in-bf16", *extra]) != 0
     assert_one_line_refusal(capsys, "--grad-reduce-in-bf16", words)
-
-
-@pytest.mark.timeout(60)
-@pytest.mark.parametrize("flag", ["--calculate-per-token-loss", "--mock-data"])
-def test_not_implemented_flags_are_refused_in_one_line(flag, tiny_prefix, cache_dir, tmp_path, capsys):
-    before = sorted(tmp_path.iterdir())
-    assert main([*tiny_argv(tiny_prefix, cache_dir), "--save", str(tmp_path / "ckpt"), flag]) != 0
-    assert_one_line_refusal(capsys, flag, "not implemented")
-    assert sorted(tmp_path.iterdir()) == before
 
 
 @pytest.mark.timeout(60)

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from trainer.cli.train_args import build_parser, config_from_args
+from trainer.cli.train_args import _sections, build_parser, config_from_args
 from trainer.config import KernelConfig, MoEConfig, ObservabilityConfig, ParallelismConfig, TrainConfig
 from trainer.errors import TrainConfigError
 from trainer.models import model_spec
@@ -66,8 +66,8 @@ def parse(argv: list[str]) -> TrainConfig:
 
 
 def test_every_same_math_switch_is_in_this_table_and_says_so_in_help():
-    declared = {f.name for section in dataclasses.fields(TrainConfig)
-                for f in dataclasses.fields(section.default_factory) if f.metadata.get("same_math")}
+    declared = {f.name for _, section in _sections() for f in dataclasses.fields(section)
+                if f.metadata.get("same_math")}
     assert declared == {name for _, _, name in SAME_MATH}
     helps = {action.dest: " ".join((action.help or "").split()) for action in build_parser()._actions}
     for _, _, name in SAME_MATH:

@@ -17,6 +17,7 @@ from trainer.models.gpt.convert import CheckpointModel, read_model_config, save_
 from trainer.models.gpt.model import GPT, GPTShape
 from trainer.models.t5.convert import read_t5_model_config, save_t5_model_config
 from trainer.models.t5.model import T5, T5Shape
+from trainer.models.t5.settings import t5_settings
 from trainer.moe.settings import MoESettings
 
 GPT_MOE = MoESettings(num_experts=4, top_k=2, aux_loss_coeff=0.01, z_loss_coeff=0.001, layer_freq=2,
@@ -102,7 +103,7 @@ def test_t5_model_config_keeps_the_experts_and_train_load_takes_them(tmp_path):
     assert info["model_type"] == "switch_transformers"  # a T5 with experts exports as Switch Transformers
     save_model(root, T5(T5_SHAPE))
     config = load_defaults(root)
-    assert (config.model.model, config.t5.feed_forward_proj) == ("t5", "gated-gelu")
+    assert (config.model.model, t5_settings(config).feed_forward_proj) == ("t5", "gated-gelu")
     assert (config.moe.num_experts, config.moe.moe_router_topk, config.moe.moe_expert_capacity_factor,
             config.moe.moe_layer_freq) == (4, 2, 1.25, 2)
 

@@ -20,6 +20,7 @@ from trainer.data.batches import Vocabulary, check_data_files
 from trainer.errors import TrainConfigError
 from trainer.models.gpt.data import build_datasets
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids
+from trainer.models.t5.settings import t5_settings
 
 STEPS = 2
 # Samples per split for the dataset checks: (train, valid, test).
@@ -90,8 +91,8 @@ def test_t5_trains_on_per_split_paths(sentence_prefix, data_test, tmp_path):
     base = t5_config(sentence_prefix, data_test, str(tmp_path / "cache"), train_iters=STEPS)
     config = dataclasses.replace(base, data=per_split(base.data, a, b, c))
 
-    special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
-    train, valid, test = build_t5_training_datasets(config.data, config.t5, special, SIZES)
+    special = resolve_t5_special_ids(config.data, t5_settings(config).vocab_extra_ids)
+    train, valid, test = build_t5_training_datasets(config.data, t5_settings(config), special, SIZES)
     assert isinstance(train, T5BlendedDataset)
     assert [member.dataset.prefix for member in train.members] == [a, b]
     assert set(np.unique(train.dataset_index)) == {0, 1}
@@ -108,10 +109,10 @@ def test_t5_per_split_blend_is_the_data_path_blend_of_whole_members(sentence_pre
     """The per-split train blend is ``--data-path 0.5 A 0.5 B --split 1,0,0``'s train split: same math."""
     a, b, c = copies(sentence_prefix, tmp_path)
     base = t5_config(sentence_prefix, data_test, str(tmp_path / "cache"))
-    special = resolve_t5_special_ids(base.data, base.t5.vocab_extra_ids)
-    ours = build_t5_training_datasets(per_split(base.data, a, b, c), base.t5, special, SIZES)[0]
+    special = resolve_t5_special_ids(base.data, t5_settings(base).vocab_extra_ids)
+    ours = build_t5_training_datasets(per_split(base.data, a, b, c), t5_settings(base), special, SIZES)[0]
     whole = dataclasses.replace(base.data, dataset=[], data_path=["0.5", a, "0.5", b], split="1,0,0")
-    theirs = build_t5_training_datasets(whole, base.t5, special, (SIZES[0], None, None))[0]
+    theirs = build_t5_training_datasets(whole, t5_settings(base), special, (SIZES[0], None, None))[0]
     assert np.array_equal(ours.dataset_index, theirs.dataset_index)
     assert np.array_equal(ours.dataset_sample_index, theirs.dataset_sample_index)
 

@@ -13,6 +13,7 @@ from process_testing import free_port
 from trainer.cli.train import main
 from trainer.cli.train_args import build_parser, config_from_args, environment_defaults
 from trainer.config import DEFAULT_DIST_TIMEOUT_S
+from trainer.models.t5.settings import t5_settings
 
 GPT2_VOCAB_ARGS = ["--vocab-size", "256", "--make-vocab-size-divisible-by", "64", "--device", "cpu"]
 
@@ -90,8 +91,9 @@ def test_cpm_pretrain_spellings_are_megatron_flags():
     assert cpm.optimizer.lr_warmup_fraction == 0.01
     t5_flags = ["--model", "t5", "--kv-hidden-size", "16", "--ff-hidden-size", "256", "--enc-seq-length", "1024",
                 "--dec-seq-length", "384"]
-    t5 = parse(["--dataset", "p", *t5_flags]).t5
-    assert (t5.kv_channels, t5.encoder_seq_length, t5.decoder_seq_length) == (16, 1024, 384)
+    parsed = parse(["--dataset", "p", *t5_flags])
+    t5 = t5_settings(parsed)
+    assert (parsed.model.kv_channels, t5.encoder_seq_length, t5.decoder_seq_length) == (16, 1024, 384)
     assert parse(["--dataset", "p", *t5_flags]).model.ffn_hidden_size == 256
     # pp_size=0 is CPM-Pretrain's "no pipeline"
     assert parse(["--dataset", "p", "--pipe-parallel-size", "0"]).parallelism.pipeline_model_parallel_size == 1

@@ -9,6 +9,7 @@ from trainer_testing import argv_for, t5_config
 from samplers.t5.blend import T5BlendedDataset
 from trainer.cli.train import main
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids
+from trainer.models.t5.settings import t5_settings
 
 STEPS = 2
 
@@ -25,8 +26,8 @@ def test_t5_trains_on_a_weighted_blend(sentence_prefix, data_test, tmp_path):
     data = dataclasses.replace(config.data, dataset=[], data_path=["0.7", sentence_prefix, "0.3", other])
     config = dataclasses.replace(config, data=data)
 
-    special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
-    train, valid, _ = build_t5_training_datasets(config.data, config.t5, special, (40, 4, 0))
+    special = resolve_t5_special_ids(config.data, t5_settings(config).vocab_extra_ids)
+    train, valid, _ = build_t5_training_datasets(config.data, t5_settings(config), special, (40, 4, 0))
     assert isinstance(train, T5BlendedDataset) and len(train) == 28 + 12
     assert [member.dataset.prefix for member in train.members] == [sentence_prefix, other]
 

@@ -119,12 +119,13 @@ def test_split_sentence_corpus_to_t5_samples_end_to_end(t5_style_spm, sentence_p
 
 
 def test_run_settings_build_the_model_shape_and_datasets(t5_style_spm, sentence_prefix, tmp_path):
-    from trainer.config import DataConfig, ModelConfig, T5Config
+    from trainer.config import DataConfig, ModelConfig
     from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
+    from trainer.models.t5.settings import T5Config
 
-    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, make_vocab_size_divisible_by=128)
-    t5 = T5Config(encoder_seq_length=64, decoder_seq_length=24, decoder_num_layers=3, feed_forward_proj="gated-gelu",
-                  untie_embeddings_and_output_weights=True, kv_channels=8)
+    model = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, make_vocab_size_divisible_by=128,
+                        untie_embeddings_and_output_weights=True, kv_channels=8)
+    t5 = T5Config(encoder_seq_length=64, decoder_seq_length=24, decoder_num_layers=3, feed_forward_proj="gated-gelu")
     data = DataConfig(dataset=[sentence_prefix], split="98,2,0", tokenizer_type="GPTSentencePieceTokenizer",
                       tokenizer_model=t5_style_spm, data_cache_path=str(tmp_path / "cache"))
     special = resolve_t5_special_ids(data, t5.vocab_extra_ids)

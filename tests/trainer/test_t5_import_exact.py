@@ -80,9 +80,9 @@ def _logits_match_ours(checkpoint: Path, hf_dir: Path) -> None:
 def test_a_tied_mt5_is_tied_and_unscaled_as_transformers_runs_it(tied_mt5):
     shape = load_hf_t5(tied_mt5).shape
     assert shape.tie_word_embeddings and not shape.scale_decoder_outputs
-    defaults = t5_train_defaults(tied_mt5)["t5"]
-    assert defaults["untie_embeddings_and_output_weights"] is False
-    assert defaults["scale_decoder_outputs"] is False
+    defaults = t5_train_defaults(tied_mt5)
+    assert defaults["model"]["untie_embeddings_and_output_weights"] is False
+    assert defaults["t5"]["scale_decoder_outputs"] is False
 
 
 def test_convert_round_trip_gives_transformers_logits(tied_mt5, tmp_path):

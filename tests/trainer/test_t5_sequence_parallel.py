@@ -21,6 +21,7 @@ from trainer_testing import t5_config
 from trainer.data.batches import SAMPLE_ID_KEY
 from trainer.errors import TrainConfigError
 from trainer.models import model_spec
+from trainer.models.t5.settings import t5_settings
 from trainer.parallel.dims import resolve_parallel_dims
 
 DROPOUT = 0.1
@@ -101,8 +102,8 @@ def test_keyed_dropout_changes_the_losses(tmp_path):
 def test_sequence_parallel_needs_both_lengths_divisible_by_tp(tmp_path, data_test, lengths, message):
     config = t5_config(str(tmp_path / "unused"), data_test, str(tmp_path), tensor_model_parallel_size=2,
                        sequence_parallel=True)
-    config = dataclasses.replace(config, t5=dataclasses.replace(config.t5, encoder_seq_length=lengths[0],
-                                                                decoder_seq_length=lengths[1]))
+    t5 = dataclasses.replace(t5_settings(config), encoder_seq_length=lengths[0], decoder_seq_length=lengths[1])
+    config = dataclasses.replace(config, families={**config.families, "t5": t5})
     if message is None:
         assert resolve_parallel_dims(config, 2, model_spec(config.model.model).layout_rules).tp == 2
         return

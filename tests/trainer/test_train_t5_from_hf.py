@@ -21,6 +21,7 @@ from trainer.config import ParallelismConfig
 from trainer.cli.convert import main as convert_main
 from trainer.models.t5.config import resolve_t5_special_ids
 from trainer.models.t5.convert import read_t5_model_config, t5_train_defaults
+from trainer.models.t5.settings import t5_settings
 from trainer.train import train
 
 STEPS = 3
@@ -53,15 +54,15 @@ def run_config(prefix, data_test, cache, hf_dir, **parallelism):
     defaults = t5_train_defaults(hf_dir)
     return dataclasses.replace(
         config, model=dataclasses.replace(config.model, **defaults["model"]),
-        t5=dataclasses.replace(config.t5, **defaults["t5"]),
+        families={**config.families, "t5": dataclasses.replace(t5_settings(config), **defaults["t5"])},
         checkpoint=dataclasses.replace(config.checkpoint, load_hf=str(hf_dir)))
 
 
 def test_the_shape_defaults_come_from_the_directory(hf_t5):
     defaults = t5_train_defaults(hf_t5)
     assert defaults["model"]["model"] == "t5" and defaults["model"]["hidden_size"] == 32
-    assert defaults["t5"] == {"kv_channels": 8, "decoder_num_layers": 2, "feed_forward_proj": "relu",
-                              "untie_embeddings_and_output_weights": False, "scale_decoder_outputs": True,
+    assert (defaults["model"]["kv_channels"], defaults["model"]["untie_embeddings_and_output_weights"]) == (8, False)
+    assert defaults["t5"] == {"decoder_num_layers": 2, "feed_forward_proj": "relu", "scale_decoder_outputs": True,
                               "relative_attention_num_buckets": BUCKETS,
                               "relative_attention_max_distance": MAX_DISTANCE}
 

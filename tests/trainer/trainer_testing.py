@@ -17,16 +17,17 @@ from process_testing import run_jobs
 from trainer.cli import train as train_cli
 from trainer.cli.train_args import option_name
 from trainer.config import (
+    FAMILIES_FIELD,
     CheckpointConfig,
     DataConfig,
     LoggingConfig,
     ModelConfig,
     OptimizerConfig,
     ParallelismConfig,
-    T5Config,
     TrainConfig,
     TrainingConfig,
 )
+from trainer.models.t5.settings import T5Config
 from trainer.train import train
 
 # The tiny model of the parity tests: vocab 256 pads to 256 for tp 1 and 2 (multiple of 64 x tp = 128).
@@ -83,9 +84,9 @@ def tiny_config(prefix: str, cache: str, *, tp: int = 1, pp: int = 1, schedule: 
 def argv_for(config: TrainConfig) -> list[str]:
     """The ``train`` command line that builds ``config`` (every field that differs from its default)."""
     argv: list[str] = []
-    for section in dataclasses.fields(TrainConfig):
-        value_section = getattr(config, section.name)
-        default_section = section.default_factory()
+    sections = [getattr(config, f.name) for f in dataclasses.fields(TrainConfig) if f.name != FAMILIES_FIELD]
+    for value_section in (*sections, *config.families.values()):
+        default_section = type(value_section)()
         for f in dataclasses.fields(value_section):
             value, default = getattr(value_section, f.name), getattr(default_section, f.name)
             if value == default:
@@ -149,5 +150,5 @@ def t5_config(prefix: str, data_test, cache: str, *, train_iters: int = T5_STEPS
         parallelism=ParallelismConfig(**parallelism),
         checkpoint=CheckpointConfig(save=save, load=load),
         logging=LoggingConfig(log_interval=5, eval_iters=1, metrics_file=os.devnull),
-        t5=T5Config(encoder_seq_length=32, decoder_seq_length=16, vocab_extra_ids=100),
+        families={"t5": T5Config(encoder_seq_length=32, decoder_seq_length=16, vocab_extra_ids=100)},
     )

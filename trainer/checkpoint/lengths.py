@@ -13,31 +13,27 @@ by key.)
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from trainer.checkpoint.store import MODEL_CONFIG_FILE
 from trainer.errors import CheckpointError
 from trainer.checkpoint.hf_files import read_json, write_json
 
-if TYPE_CHECKING:
-    from trainer.config import TrainConfig
-
 SEQUENCE_LENGTHS_FILE = "sequence_lengths.json"
-# Each length field -> the `TrainConfig` section holding it.
-LENGTH_SECTIONS = {"seq_length": "model", "encoder_seq_length": "t5", "decoder_seq_length": "t5"}
 
 
-def record_sequence_lengths(root: str | os.PathLike, config: TrainConfig, unused_fields: tuple[str, ...]) -> None:
-    """Write the run's sequence lengths (those its family reads) into checkpoint root ``root`` (call on one rank)."""
-    write_json(Path(root) / SEQUENCE_LENGTHS_FILE,
-               {name: getattr(getattr(config, section), name) for name, section in LENGTH_SECTIONS.items()
-                if name not in unused_fields})
+def record_sequence_lengths(root: str | os.PathLike, lengths: Mapping[str, int]) -> None:
+    """Write the run's sequence lengths (field name -> positions: those its family reads,
+    `ModelSpec.sequence_lengths`) into checkpoint root ``root`` (call on one rank)."""
+    write_json(Path(root) / SEQUENCE_LENGTHS_FILE, dict(lengths))
 
 
-def sequence_length_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
+def sequence_length_defaults(root: str | os.PathLike, length_sections: Mapping[str, str]) -> dict[str, dict[str, Any]]:
     """``train --load ROOT``'s sequence-length defaults by `TrainConfig` section: the recorded lengths, else
     (an older checkpoint) ``seq_length`` = the model's ``max_position_embeddings``; {} when neither is known.
+    ``length_sections``: each length field any family records -> its section (`trainer.models.length_sections`).
 
     Raises:
         CheckpointError: the record is not an object of known names and positive integers.
@@ -49,8 +45,8 @@ def sequence_length_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any
     lengths = read_json(path)
     sections: dict[str, dict[str, Any]] = {}
     for name, length in lengths.items():
-        if name not in LENGTH_SECTIONS or isinstance(length, bool) or not isinstance(length, int) or length < 1:
-            raise CheckpointError(f"{path}: {name}={length!r}: expected one of {', '.join(LENGTH_SECTIONS)} "
+        if name not in length_sections or isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise CheckpointError(f"{path}: {name}={length!r}: expected one of {', '.join(length_sections)} "
                                   "as a positive integer")
-        sections.setdefault(LENGTH_SECTIONS[name], {})[name] = length
+        sections.setdefault(length_sections[name], {})[name] = length
     return sections

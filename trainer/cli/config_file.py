@@ -24,6 +24,7 @@ from indexed_dataset.structured_files import read_yaml_file
 from trainer.config import train_field_problem
 from trainer.cli.deepspeed_config import read_deepspeed_config
 from trainer.errors import TrainConfigError
+from trainer.models import family_settings
 
 CONFIG_FLAG = "--config"
 # `trainer.config.TrainingConfig.deepspeed_config`'s spellings.
@@ -137,6 +138,7 @@ def _check_value(path: str, key: str, action: argparse.Action, text: str) -> Non
             raise TrainConfigError(f"{path}: {key}: invalid {kind} value {text!r}") from None
     if action.choices is not None and converted not in action.choices:
         raise TrainConfigError(f"{path}: {key}: {text!r} is not one of {', '.join(map(str, action.choices))}")
-    problem = train_field_problem(action.dest, converted) if action.nargs is None else None
+    problem = (train_field_problem(action.dest, converted, family_settings().values()) if action.nargs is None
+               else None)
     if problem is not None:
         raise TrainConfigError(f"{path}: {key}: {problem}")

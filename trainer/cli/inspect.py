@@ -31,7 +31,6 @@ from indexed_dataset.inspect import DatasetReport, decode_documents, inspect_dat
 from indexed_dataset.path_rules import refuse_output_over_inputs
 from preprocess.tokenizers import Tokenizer, TokenizerConfig, TokenizerError, build_tokenizer
 from preprocess.tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
-from preprocess.tokenizers.t5 import t5_special_ids
 from samplers.splits import DEFAULT_SPLIT
 from samplers.view import (
     DEFAULT_DECODER_SEQ_LENGTH,
@@ -41,11 +40,11 @@ from samplers.view import (
     SAMPLE_KINDS,
     TrainingViewConfig,
     ViewTokens,
-    ViewVocabulary,
     sample_kind,
 )
 
 from trainer.metrics.inspect_plot import plot_inspection
+from trainer.models.view_vocabulary import view_vocabulary
 
 PROG = "inspect-index"
 
@@ -248,31 +247,6 @@ def _refuse_unseen_samples(view: list[dict | None], sample_ids: tuple[int, ...])
         if not any(-count <= sample_id < count for count in counts.values()):
             have = ", ".join(f"{name} {count}" for name, count in counts.items()) or "none"
             raise ValueError(f"--samples {sample_id}: no split has that sample (samples per split: {have})")
-
-
-def _tokenizer_pieces(tokenizer: Tokenizer) -> dict[str, int]:
-    """Piece -> id of the tokenizer's own vocabulary where it lists one ({} for one that does not)."""
-    backend = getattr(tokenizer, "backend", None)
-    if hasattr(backend, "get_vocab"):  # WordPiece and Hugging Face tokenizers
-        return dict(backend.get_vocab())
-    model = getattr(tokenizer, "model", None)
-    if hasattr(model, "id_to_piece"):  # SentencePiece
-        return {model.id_to_piece(i): i for i in range(model.get_piece_size())}
-    return {}
-
-
-def view_vocabulary(tokenizer: Tokenizer, tokenizer_type: str, vocab_extra_ids: int) -> ViewVocabulary:
-    """The run's vocabulary by names and roles: the tokenizer's pieces, then the tokens Megatron's conventions
-    append ([BOS]/[EOS], `vocab_extra_ids` sentinels `<extra_id_k>`) and the pad/EOS/decoder-start ids
-    (`preprocess.tokenizers.t5`'s special-token convention, the one training uses).
-
-    Raises:
-        TokenizerError: the tokenizer kind has no known special-token convention.
-    """
-    special = t5_special_ids(tokenizer, tokenizer_type, vocab_extra_ids)
-    names = _tokenizer_pieces(tokenizer) | special.token_names()
-    return ViewVocabulary(size=special.vocab_size, names=names,
-                          roles={"pad": special.pad, "eos": special.eos, "decoder_start": special.decoder_start})
 
 
 def _run_blend_view(config: InspectConfig) -> int:

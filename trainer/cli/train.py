@@ -37,6 +37,7 @@ from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, E
 from indexed_dataset.cli_support import Interrupted, run_command
 from indexed_dataset.errors import REPORTED_ERRORS
 from preprocess.tokenizers.config import TOKENIZER_FILE_FIELDS
+from samplers.mock import MOCK_SPLIT
 from trainer.cli.train_args import build_parser, config_from_args, environment_defaults, option_name
 from trainer.cli.flags import flags_in_message
 from trainer.config import CheckpointConfig, PrecisionConfig, TrainConfig
@@ -47,7 +48,7 @@ from trainer.errors import CollectiveTimeoutError, TrainConfigError
 from trainer.checkpoint.store import check_load_path
 from trainer.models.dispatch import checkpoint_train_defaults
 from trainer.parallel.dims import resolve_parallel_dims
-from trainer.models import model_spec, spec_for_hf_directory
+from trainer.models import model_spec, spec_for_hf_directory, unused_fields
 from trainer.train import train
 
 PROG = "train"
@@ -231,14 +232,14 @@ def checkpoint_overrides(argv: list[str], args: argparse.Namespace) -> list[str]
 
 
 def refuse_unused_flags(argv: list[str], model: str) -> None:
-    """Refuse the flags of ``argv`` that family ``model`` never reads (`ModelSpec.unused_fields`): a run that
+    """Refuse the flags of ``argv`` that family ``model`` never reads (`trainer.models.unused_fields`): a run that
     ignored them would not be the run the user asked for.
 
     Raises:
         TrainConfigError: naming every such flag.
     """
     given = given_fields(argv)
-    unused = [option_name(name) for name in model_spec(model).unused_fields if name in given]
+    unused = [option_name(name) for name in unused_fields(model) if name in given]
     if unused:
         verb = "does" if len(unused) == 1 else "do"
         raise TrainConfigError(f"{', '.join(unused)} {verb} not apply to model {model}")
@@ -273,6 +274,9 @@ def _warn_about(config: TrainConfig, args: argparse.Namespace) -> None:
         if precision.bf16:
             logger.warning("warning: --loss-scale %g with --bf16 multiplies the loss by a constant, as Megatron does "
                            "(bf16 needs no loss scaling)", precision.loss_scale)
+    if config.data.mock_data and args.split not in (None, MOCK_SPLIT):
+        logger.warning("warning: --split %s has no effect with --mock-data: Megatron divides its mock documents "
+                       "%s among train, valid and test", args.split, MOCK_SPLIT)
     if config.logging.eval_iters > 0 and config.data.split_is_empty("valid"):
         cause = (f"--split {config.data.split} gives the valid split no data" if config.data.split is not None
                  else "no --valid-data-path is given")

@@ -21,10 +21,11 @@ from collections.abc import Mapping
 from typing import Any
 
 from indexed_dataset.cli_parser import CommandParser, finite_float
-from trainer.config import TrainConfig
+from trainer.config import FAMILIES_FIELD, TrainConfig
 from trainer.cli.config_file import CONFIG_FLAG
 from trainer.errors import TrainConfigError
-from trainer.models import FAMILIES
+from trainer.family.checks import check_family_options
+from trainer.models import FAMILIES, family_settings, model_spec
 
 # Choices of fields the registry knows (the config, core, cannot import it): field name -> choices.
 REGISTRY_CHOICES = {"model": tuple(FAMILIES)}
@@ -54,8 +55,13 @@ def option_name(field_name: str) -> str:
 
 
 def _sections() -> list[tuple[str, type]]:
+    """The flag table's sections, in order: `TrainConfig`'s, with the registry's family sections in the place
+    of its ``families`` field."""
     hints = typing.get_type_hints(TrainConfig)
-    return [(f.name, hints[f.name]) for f in dataclasses.fields(TrainConfig)]
+    sections: list[tuple[str, type]] = []
+    for f in dataclasses.fields(TrainConfig):
+        sections += family_settings().items() if f.name == FAMILIES_FIELD else [(f.name, hints[f.name])]
+    return sections
 
 
 def _help(f: dataclasses.Field, doc: str) -> str:
@@ -132,11 +138,18 @@ def environment_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, A
 
 
 def config_from_args(namespace: argparse.Namespace) -> TrainConfig:
-    """Build the `TrainConfig` from parsed flags (runs every section's validation).
+    """Build the `TrainConfig` from parsed flags (runs every section's validation, then the family's rules:
+    `trainer.family.checks`).
 
     Raises:
-        TrainConfigError: a section rejects its values.
+        TrainConfigError: a section rejects its values, or the family an option.
     """
     parsed = vars(namespace)
-    return TrainConfig(**{name: cls(**{f.name: parsed[f.name] for f in dataclasses.fields(cls)})
-                          for name, cls in _sections()})
+    families = family_settings()
+    sections = {name: cls(**{f.name: parsed[f.name] for f in dataclasses.fields(cls)}) for name, cls in _sections()}
+    # Every family's section is checked; the config keeps the run's own (`refuse_unused_flags` refuses the
+    # flags of the others).
+    config = TrainConfig(**{name: section for name, section in sections.items() if name not in families},
+                         families={name: sections[name] for name in families if name == parsed["model"]})
+    check_family_options(config, model_spec(config.model.model))
+    return config

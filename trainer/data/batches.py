@@ -69,7 +69,8 @@ class Vocabulary:
 
 
 def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
-    """The vocabulary size (an explicit ``vocab_size`` wins) and EOD/pad ids from the tokenizer files.
+    """The vocabulary size (an explicit ``vocab_size`` wins) and EOD/pad ids from the tokenizer files (a
+    NullTokenizer's from ``vocab_size``: EOD its last id, no pad, as Megatron's).
 
     Raises:
         TrainConfigError: neither a vocabulary size nor tokenizer files are given, or the tokenizer has more
@@ -80,7 +81,10 @@ def resolve_vocabulary(data: DataConfig, vocab_size: int | None) -> Vocabulary:
     if not files:
         if vocab_size is None:
             raise TrainConfigError("the vocabulary size is unknown: give vocab_size or the tokenizer's vocab_file")
-        return Vocabulary(size=vocab_size, eod_id=None, pad_id=None)
+        if data.tokenizer_type != "NullTokenizer":
+            return Vocabulary(size=vocab_size, eod_id=None, pad_id=None)
+        # Megatron's NullTokenizer is made of the vocabulary size alone (its EOD is the last id).
+        files = {"vocab_size": vocab_size}
     # Imported here: the tokenizer libraries load only when a run names tokenizer files.
     from preprocess.tokenizers import TokenizerConfig, build_tokenizer
 
@@ -106,6 +110,8 @@ def check_data_files(data: DataConfig) -> None:
     Raises:
         TrainConfigError: no data given, or a file is missing (one line naming it).
     """
+    if data.mock_data:  # synthetic tokens: no files
+        return
     blends = data.blend_per_split if data.blend_per_split is not None else [data.blend]
     for prefix in (prefix for blend in blends if blend is not None for prefix in blend[0]):
         try:

@@ -4,7 +4,8 @@ core from the top (the CLIs, `train()`); the core never imports a family or the 
 family's name.
 
 Adding a family is adding a folder `trainer/models/<name>/` whose `spec.py` holds its `SPEC`, and one
-line in `trainer.models.FAMILIES`.
+line in `trainer.models.FAMILIES` (and, for a family with flags of its own, its `settings.py` and one line in
+`trainer.models.FAMILY_SETTINGS`).
 """
 
 from __future__ import annotations
@@ -83,8 +84,22 @@ class ModelSpec:
     default_tokenizer_type: str = "GPT2BPETokenizer"
     """The ``--tokenizer-type`` of a run that names none (Megatron's pretrain_<family>.py sets it per family)."""
     unused_fields: tuple[str, ...] = ()
-    """`TrainConfig` field names the family never reads (``seq_length`` for T5, the t5 section for GPT):
-    ``train`` refuses each one the user gives, naming its flag, instead of ignoring it."""
+    """Core `TrainConfig` field names the family never reads (``seq_length`` for T5): ``train`` refuses each one
+    the user gives, naming its flag, instead of ignoring it (with the fields of the other families' sections:
+    `trainer.models.unused_fields`)."""
+    settings: type | None = None
+    """The dataclass of the family's own flag section, kept in `TrainConfig.families` under the family's name
+    (``train --help``'s group of that name); None: the family reads core sections only."""
+    sequence_lengths: tuple[tuple[str, str], ...] = (("model", "seq_length"),)
+    """The (section, field) pairs of the run's sequence lengths, recorded beside its checkpoints
+    (`trainer.checkpoint.lengths`)."""
+    fused_qkv: bool = False
+    """Whether the family can compute q, k and v with one linear (``fused_qkv``); ``train`` refuses it otherwise."""
+    plain_bin_reads: bool = False
+    """Whether the family's data can be read without memory maps (``no_mmap_bin_files``)."""
+    stack_layers: Callable[[TrainConfig], int] | None = None
+    """The layers of the family's deepest stack, from which every stack counts its MoE layers
+    (``moe_layer_offset`` must be below it); None: ``num_layers``."""
     scoring_source: Callable[[str, int], ScoringSource] | None = None
     """``evaluate`` and lm-eval's ``tokenmill`` model: (checkpoint or HF directory, tensor-parallel size) -> the
     model to score with, in any tp x pp x dp layout (`trainer.evaluation.scoring.ScoringSource`); None: the
@@ -96,5 +111,5 @@ class ModelSpec:
 
 
 def section_fields(*sections: type) -> tuple[str, ...]:
-    """The field names of `TrainConfig` sections (``section_fields(T5Config)``), for `ModelSpec.unused_fields`."""
+    """The field names of `TrainConfig` sections (``section_fields(MaskingConfig)``), for `ModelSpec.unused_fields`."""
     return tuple(f.name for section in sections for f in fields(section))

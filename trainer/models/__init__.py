@@ -8,6 +8,7 @@ each command's dispatch by source) and hands the specs down: the core never impo
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import os
 
@@ -16,6 +17,9 @@ from trainer.errors import TrainConfigError
 # Family name -> the module whose ``SPEC`` describes it.
 FAMILIES = {"gpt": "trainer.models.gpt.spec", "t5": "trainer.models.t5.spec", "bert": "trainer.models.bert.spec"}
 DEFAULT_FAMILY = "gpt"
+# Family name -> the module whose ``SETTINGS`` is the family's own flag section (`ModelSpec.settings`, the same
+# class): a light import, so that the flag table does not import every family's model code.
+FAMILY_SETTINGS = {"t5": "trainer.models.t5.settings", "bert": "trainer.models.bert.settings"}
 
 
 def model_spec(name: str):
@@ -27,6 +31,31 @@ def model_spec(name: str):
     if name not in FAMILIES:
         raise TrainConfigError(f"unknown model family {name!r}; known: {', '.join(FAMILIES)}")
     return importlib.import_module(FAMILIES[name]).SPEC
+
+
+def family_settings() -> dict[str, type]:
+    """Each family's own section class by the family's name (`trainer.config.TrainConfig.families`), in the
+    registry's order."""
+    return {name: importlib.import_module(module).SETTINGS for name, module in FAMILY_SETTINGS.items()}
+
+
+def unused_fields(name: str) -> tuple[str, ...]:
+    """The `TrainConfig` fields family ``name`` never reads: the other families' own sections, then the core
+    fields of its `ModelSpec.unused_fields`.
+
+    Raises:
+        TrainConfigError: no such family.
+    """
+    spec = model_spec(name)
+    others = [f.name for family, section in family_settings().items() if family != name
+              for f in dataclasses.fields(section)]
+    return (*others, *spec.unused_fields)
+
+
+def length_sections() -> dict[str, str]:
+    """Each sequence-length field of any family -> the `TrainConfig` section holding it
+    (`ModelSpec.sequence_lengths`)."""
+    return {field: section for name in FAMILIES for section, field in model_spec(name).sequence_lengths}
 
 
 def trainer_task(task: str):

@@ -19,7 +19,14 @@ from trainer.checkpoint.store import MODEL_CONFIG_FILE, resolve_checkpoint
 from trainer.errors import TrainConfigError
 from trainer.evaluation.scoring import ScoringSource
 from trainer.generation.generate import Completion, GenerateConfig
-from trainer.models import FAMILIES, model_spec, spec_for_checkpoint, spec_for_hf_directory, spec_for_source
+from trainer.models import (
+    FAMILIES,
+    length_sections,
+    model_spec,
+    spec_for_checkpoint,
+    spec_for_hf_directory,
+    spec_for_source,
+)
 
 
 def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -30,7 +37,7 @@ def checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, An
     if not (Path(root) / MODEL_CONFIG_FILE).is_file():
         return {}
     sections = spec_for_checkpoint(root).checkpoint_train_defaults(root)
-    for section, values in sequence_length_defaults(root).items():
+    for section, values in sequence_length_defaults(root, length_sections()).items():
         sections[section] = {**sections.get(section, {}), **values}
     return sections
 

@@ -7,7 +7,9 @@ under causal attention every rank has the same work: one early chunk that sees f
 that sees many. Each rank computes its own tokens everywhere except in attention, where its queries attend
 the keys and values of all ranks (`gather_sequence`: an all-gather whose backward reduce-scatters the
 gradients back to the tokens' owners) under the causal mask of the tokens' true positions
-(`causal_mask`). The loss is the mean over the tokens of the whole sequence (`context_parallel_loss`).
+(`ContextParallel.attention`: in blocks of queries, each against the keys up to its end under a slice of one
+`block_causal_mask`, keeping no gathered keys for the backward: a rank's activation memory falls with the share
+of the sequence it holds). The loss is the mean over the tokens of the whole sequence (`context_parallel_loss`).
 
     layout = ContextLayout(size=2, rank=1)
     layout.local_indices(8)    # tensor([2, 3, 4, 5]): chunks 1 and 2 of [0,1][2,3][4,5][6,7]
@@ -25,13 +27,19 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
-from trainer.data.batches import IGNORE_INDEX
+from trainer.parallel.token_loss import loss_token_count, weighted_token_loss
 
 # Megatron's layout cuts each sequence into this many chunks per cp rank (one early, one late).
 CHUNKS_PER_RANK = 2
 # The attribute a module declares (set to None) to receive the run's `ContextParallel`.
 CONTEXT_PARALLEL_ATTRIBUTE = "context_parallel"
+# Local queries per attention call (`ContextParallel.attention`): the additive mask a rank builds is this many
+# rows by the whole sequence, whatever the sequence's length (128 x 16,384 float32: 8 MiB).
+QUERY_BLOCK = 128
+# An attention call on one block: (queries, keys, values, additive mask) -> output of the queries' shape.
+Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +58,10 @@ class ContextLayout:
         """
         return _indices_of_rank(seq_len, self.size, self.rank, device)
 
+    def chunk_starts(self, seq_len: int) -> tuple[int, int]:
+        """The sequence positions where this rank's two chunks (``seq_len / (2 * size)`` tokens each) start."""
+        return _chunk_starts(seq_len, self.size, self.rank)
+
     def gathered_indices(self, local_len: int, device: torch.device | None = None) -> torch.Tensor:
         """int64 [size * local_len]: the sequence positions of an all-gather of every rank's ``local_len``
         tokens, in the gather's order (rank 0's tokens, then rank 1's, ...)."""
@@ -60,21 +72,32 @@ class ContextLayout:
         """This rank's tokens of ``tensor`` (the whole sequence along ``dim``; any dtype and other dims)."""
         return tensor.index_select(dim, self.local_indices(tensor.shape[dim], tensor.device))
 
-    def causal_mask(self, local_len: int, device: torch.device | None = None) -> torch.Tensor:
-        """bool [local_len, size * local_len], True = masked: this rank's queries against the gathered keys
-        (`gathered_indices` order); a query sees the keys at its own position and before."""
-        queries = _indices_of_rank(local_len * self.size, self.size, self.rank, device)
-        keys = self.gathered_indices(local_len, device)
-        return keys[None, :] > queries[:, None]
 
-
-def _indices_of_rank(seq_len: int, size: int, rank: int, device: torch.device | None) -> torch.Tensor:
+def _chunk_starts(seq_len: int, size: int, rank: int) -> tuple[int, int]:
     num_chunks = CHUNKS_PER_RANK * size
     if seq_len % num_chunks:
         raise ValueError(f"sequence length {seq_len} is not divisible by 2 x context-parallel size ({size})")
     chunk = seq_len // num_chunks
-    starts = (rank * chunk, (num_chunks - 1 - rank) * chunk)
-    return torch.cat([torch.arange(start, start + chunk, device=device) for start in starts])
+    return rank * chunk, (num_chunks - 1 - rank) * chunk
+
+
+def _indices_of_rank(seq_len: int, size: int, rank: int, device: torch.device | None) -> torch.Tensor:
+    chunk = seq_len // (CHUNKS_PER_RANK * size)
+    return torch.cat([torch.arange(start, start + chunk, device=device)
+                      for start in _chunk_starts(seq_len, size, rank)])
+
+
+def block_causal_mask(rows: int, seq_len: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Additive mask [rows, seq_len] of ``dtype`` (0 visible, -inf masked) that every block of queries slices.
+
+    Its last ``rows`` columns are causal (column j masked in the rows above j), the columns before visible.
+    A block of b <= rows queries at positions p..p+b-1 against the keys at positions 0..p+b-1 takes the view
+    ``[rows - b:, seq_len - (p + b):]``: the keys before p visible, the last b causal. One tensor for all blocks
+    (a view is no copy: the attention kernels read it with its strides).
+    """
+    mask = torch.zeros(rows, seq_len, dtype=dtype, device=device)
+    mask[:, seq_len - rows:] = torch.full((rows, rows), float("-inf"), dtype=dtype, device=device).triu(1)
+    return mask
 
 
 class _GatherSequence(torch.autograd.Function):
@@ -87,7 +110,14 @@ class _GatherSequence(torch.autograd.Function):
         size = dist.get_world_size(group)
         local = x.movedim(dim, 0).contiguous()
         out = local.new_empty((size * local.shape[0], *local.shape[1:]))
-        dist.all_gather_single(out, local, group=group)
+        if dist.get_backend(group) == dist.Backend.GLOO:
+            # gloo's all-gather copies through a full-size staging buffer of its own that its worker thread frees,
+            # where the profiler's allocation record never sees it go (each gather would read as held to the end
+            # of the step). An all-to-all of the local slice repeated moves the same bytes, at the same peak,
+            # through buffers the caller allocates.
+            dist.all_to_all_single(out, local.repeat(size, *[1] * (local.dim() - 1)), group=group)
+        else:
+            dist.all_gather_single(out, local, group=group)
         return out.movedim(0, dim)
 
     @staticmethod
@@ -119,9 +149,50 @@ class ContextParallel:
         both = gather_sequence(torch.stack((k, v)), self.group, seq_dim + 1)
         return both[0], both[1]
 
-    def attention_mask(self, local_len: int, device: torch.device) -> torch.Tensor:
-        """bool [1, 1, local_len, size * local_len], True = masked (`ContextLayout.causal_mask`)."""
-        return self.layout.causal_mask(local_len, device)[None, None]
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads_per_group: int,
+                  attend: Attend) -> torch.Tensor:
+        """Causal attention of this rank's queries over the whole sequence's keys and values.
+
+        Args:
+            q: [batch, heads, local seq, head_dim], this rank's queries (after rope, at their true positions).
+            k, v: [batch, groups, local seq, head_dim], this rank's keys and values; each group serves
+                ``heads_per_group`` consecutive query heads.
+            attend: the attention of one block (`Attend`); it gets keys and values repeated over the heads.
+
+        Returns:
+            [batch, heads, local seq, head_dim].
+
+        When gradients are recorded the call is recomputed in the backward (as Transformer Engine's all-gather
+        attention gathers again there): what it keeps is this rank's q, k and v, not the gathered keys and
+        values, nor a block's mask. Each chunk's queries go in blocks of `QUERY_BLOCK`, each against the keys up
+        to its last position: no keys after a block are computed with, and no mask is larger than
+        `QUERY_BLOCK` x sequence.
+        """
+        if torch.is_grad_enabled():
+            return checkpoint(self._attention, q, k, v, heads_per_group, attend, use_reentrant=False)
+        return self._attention(q, k, v, heads_per_group, attend)
+
+    def _attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads_per_group: int,
+                   attend: Attend) -> torch.Tensor:
+        local_len = q.shape[2]
+        seq_len = local_len * self.layout.size
+        # The gather's order (rank 0's chunks, rank 1's, ...) into the sequence's: each block's keys are a prefix.
+        order = torch.argsort(self.layout.gathered_indices(local_len, q.device))
+        k, v = (t.index_select(2, order) for t in self.gather_kv(k, v, seq_dim=2))
+        if heads_per_group > 1:
+            k, v = (t.repeat_interleave(heads_per_group, dim=1) for t in (k, v))
+        chunk = local_len // CHUNKS_PER_RANK
+        rows = min(QUERY_BLOCK, chunk)
+        mask = block_causal_mask(rows, seq_len, q.dtype, q.device)
+        outputs = []
+        for index, start in enumerate(self.layout.chunk_starts(seq_len)):
+            for offset in range(0, chunk, rows):
+                block = min(rows, chunk - offset)
+                first = index * chunk + offset
+                keys = start + offset + block
+                outputs.append(attend(q[:, :, first:first + block], k[:, :, :keys], v[:, :, :keys],
+                                      mask[rows - block:, seq_len - keys:]))
+        return torch.cat(outputs, dim=2)
 
     def local_positions(self, local_len: int, device: torch.device) -> torch.Tensor:
         """int64 [local_len]: the true positions of this rank's tokens of a 0..seq-1 sequence."""
@@ -141,9 +212,9 @@ def context_parallel_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.
     """This rank's share of the sequence-mean loss, scaled for gradients averaged over dp x cp.
 
     The mean over all tokens of the sequence is sum_r s_r / T (s_r: rank r's loss sum, T: the tokens with a
-    target on all cp ranks). Each rank returns ``size * s_r / T``: averaging the gradients over the cp ranks
-    (with the data-parallel ones) then gives the gradient of the mean, and so does averaging the returned
-    losses for the report.
+    target on all cp ranks). Each rank returns ``size * s_r / T`` (`weighted_token_loss` with T / size tokens per
+    loss): averaging the gradients over the cp ranks (with the data-parallel ones) then gives the gradient of the
+    mean, and so does averaging the returned losses for the report.
 
     Args:
         loss_fn: (outputs, targets) -> the mean loss over the tokens with a target (a scalar).
@@ -151,11 +222,6 @@ def context_parallel_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.
         targets: int64 [batch, local seq], IGNORE_INDEX where no loss is taken.
         group: the cp group (collective: one all-reduce of a count).
     """
-    count = (targets != IGNORE_INDEX).sum()
-    total = count.clone()
+    total = loss_token_count(targets)
     dist.all_reduce(total, group=group)
-    if int(count) == 0:
-        # No target here: the mean would be NaN. A finite stand-in times 0 adds nothing and keeps any
-        # collective inside loss_fn (tensor parallelism's loss_parallel) in step with the other ranks.
-        return loss_fn(outputs, torch.zeros_like(targets)) * 0.0
-    return loss_fn(outputs, targets) * (count * dist.get_world_size(group) / total)
+    return weighted_token_loss(loss_fn, outputs, targets, total / dist.get_world_size(group))

@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.distributed.launcher.api as launcher_api
+from torch.distributed.elastic.agent.server.api import RunResult, WorkerGroup
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
 from torch.distributed.launcher.api import LaunchConfig as ElasticLaunchConfig
@@ -55,6 +56,9 @@ class DistContext:
     device: torch.device
     owns_process_group: bool
     """True when `init_distributed` created the group and must destroy it."""
+    store: dist.Store | None = None
+    """The store the group's ranks met in, under this attempt's prefix (None: one process, or a group the caller
+    initialised)."""
 
 
 def resolve_device_type(device: str | None) -> str:
@@ -79,14 +83,14 @@ def init_distributed(device_type: str, timeout: timedelta | None = None) -> Dist
     ``timeout``: how long a collective waits for the other ranks (``--distributed-timeout-minutes``); None is
     torch's default."""
     owns = False
+    attempt_store = None
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # torch's launcher keeps one store for all its attempts (--max-restarts), and the process group's keys
         # carry no attempt: a restarted worker could read an address its dead predecessor published. Each
         # attempt's keys get a prefix of their own.
         store, rank, world_size = next(dist.rendezvous("env://"))
-        attempt = restart_count()
-        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo",
-                                store=dist.PrefixStore(f"{ATTEMPT_PREFIX}{attempt}", store), rank=rank,
+        attempt_store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}", store)
+        dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", store=attempt_store, rank=rank,
                                 world_size=world_size, timeout=timeout)
         owns = True
     rank = dist.get_rank() if dist.is_initialized() else 0
@@ -98,7 +102,7 @@ def init_distributed(device_type: str, timeout: timedelta | None = None) -> Dist
     else:
         device = torch.device("cpu")
     return DistContext(rank=rank, world_size=world_size, local_rank=local_rank, device=device,
-                       owns_process_group=owns)
+                       owns_process_group=owns, store=attempt_store)
 
 
 def under_launcher() -> bool:
@@ -106,22 +110,36 @@ def under_launcher() -> bool:
     return dist.is_initialized() or "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
 
 
-# Store key of the second phase of the agents' exit barrier (`_StoreHostLeavesLast`), and how often the store's
+# Store key of the second phase of the agents' exit barrier (`_NodeAgent`), and how often the store's
 # host looks at it.
 _LEFT_EXIT_BARRIER_KEY = "tokenmill/agents_left_exit_barrier"
 _EXIT_POLL_S = 0.05
 
 
-class _StoreHostLeavesLast(LocalElasticAgent):
-    """torch's node agent, except that the agent hosting the rendezvous store (group rank 0, node 0) leaves the
-    exit barrier only after every other agent has left it.
+class _NodeAgent(LocalElasticAgent):
+    """torch's node agent, with two differences.
 
-    In torch's barrier the last agent to arrive sets a key the others wait for. When that is node 0, it
-    returns at once and its process exits, closing the store, while another node's agent may still be
-    waiting for the store's reply: that node then prints a C++ stack trace and "Error waiting on exit
-    barrier" although every worker succeeded. Here each agent checks out after the barrier, and node 0
-    waits for all check-outs (at most the barrier's own timeout) before it lets the store go.
+    - The agent hosting the rendezvous store (group rank 0, node 0) leaves the exit barrier only after every other
+      agent has left it. In torch's barrier the last agent to arrive sets a key the others wait for. When that is
+      node 0, it returns at once and its process exits, closing the store, while another node's agent may still
+      be waiting for the store's reply: that node then prints a C++ stack trace and "Error waiting on exit
+      barrier" although every worker succeeded. Here each agent checks out after the barrier, and node 0 waits
+      for all check-outs (at most the barrier's own timeout) before it lets the store go.
+    - Once a worker has exited, the stopped ones are woken (`_monitor_workers`).
     """
+
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
+        # When a worker has exited, torch's poll sends the others SIGTERM and waits up to 30 s before its SIGKILL.
+        # A stopped worker (SIGSTOP: a debugger, a suspended job, a stalled-rank test) holds the SIGTERM until it
+        # runs again, so the run would sit out the whole grace period: wake every worker first, as a shell's `kill`
+        # does (SIGCONT changes nothing for a running one).
+        if self._pcontext is not None:
+            pids = list(self._pcontext.pids().values())
+            if any(_has_exited(pid) for pid in pids):
+                for pid in pids:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+        return super()._monitor_workers(worker_group)
 
     def _exit_barrier(self) -> None:
         super()._exit_barrier()
@@ -139,11 +157,19 @@ class _StoreHostLeavesLast(LocalElasticAgent):
             logger.warning("node %d: leaving the exit barrier without the other nodes (%s)", group.group_rank, error)
 
 
+def _has_exited(pid: int) -> bool:
+    """Whether the child process ``pid`` has ended (without reaping it: its parent's bookkeeping stays intact)."""
+    try:
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # already reaped
+        return True
+
+
 @contextlib.contextmanager
-def _agents_leave_store_host_last() -> Iterator[None]:
-    """`elastic_launch` with `_StoreHostLeavesLast` as its node agent (torch's launcher takes no agent class)."""
+def _our_node_agent() -> Iterator[None]:
+    """`elastic_launch` with `_NodeAgent` as its node agent (torch's launcher takes no agent class)."""
     original = launcher_api.LocalElasticAgent
-    launcher_api.LocalElasticAgent = _StoreHostLeavesLast
+    launcher_api.LocalElasticAgent = _NodeAgent
     try:
         yield
     finally:
@@ -178,7 +204,7 @@ def launch(config: LaunchConfig, entrypoint: Callable[..., int], *args: object,
     # The launcher's per-run folder of worker error files (else a /tmp/torchelastic_* folder it never removes):
     # removed when the run ends; a failure's message is read from it before `elastic_launch` returns.
     try:
-        with tempfile.TemporaryDirectory(prefix=LAUNCH_LOG_PREFIX) as log_dir, _agents_leave_store_host_last(), \
+        with tempfile.TemporaryDirectory(prefix=LAUNCH_LOG_PREFIX) as log_dir, _our_node_agent(), \
                 _signal_forwarded(forward_signal):
             elastic = ElasticLaunchConfig(
                 min_nodes=config.num_nodes, max_nodes=config.num_nodes, nproc_per_node=config.num_gpus_per_node,

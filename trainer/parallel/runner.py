@@ -32,6 +32,7 @@ from trainer.parallel.keyed_dropout import sample_keys, set_tensor_parallel
 from trainer.parallel.plan import ParallelPlan, Shape
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.recompute import Recompute, apply_recompute, as_recompute
+from trainer.parallel.token_loss import step_tokens_per_loss, weighted_token_loss
 from trainer.parallel.parallelize import apply_compile, apply_ddp, apply_fsdp, fsdp_options
 from trainer.parallel.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
 from trainer.optim.auxiliary_losses import (
@@ -65,7 +66,8 @@ class ParallelModel:
     def __init__(self, plan: ParallelPlan, shape: Shape, dims: ParallelDims, mesh: DeviceMesh | None,
                  parallelism: ParallelismConfig, device: torch.device, seed: int,
                  checkpoint_activations: bool | Recompute | None,
-                 autocast_dtype: torch.dtype | None, compile_blocks: bool = False) -> None:
+                 autocast_dtype: torch.dtype | None, compile_blocks: bool = False,
+                 per_token_loss: bool = False) -> None:
         self.plan = plan
         self.shape = shape
         self.tied_names = plan.tied_names(shape)
@@ -146,6 +148,11 @@ class ParallelModel:
         # Context parallelism: this rank's share of every sequence, and the group its loss is the mean over.
         self.cp_group = mesh.get_group("cp") if dims.cp > 1 else None
         self.cp_layout = ContextLayout(dims.cp, mesh.get_local_rank("cp")) if dims.cp > 1 else None
+        # Megatron's --calculate-per-token-loss (`trainer.parallel.token_loss`): the step's loss tokens are counted
+        # over the dp x cp replicas, and each `run` weighs its micro-batch losses by them.
+        self.per_token_loss = per_token_loss
+        self.replica_group = mesh.get_group(dims.replica_dim) if dims.replicas > 1 else None
+        self._tokens_per_loss: torch.Tensor | None = None
         self._auxiliary_forwards = 0
 
     # -- parameters ---------------------------------------------------------------------------------------
@@ -221,8 +228,11 @@ class ParallelModel:
     # -- forward / backward -------------------------------------------------------------------------------
 
     def unscaled_loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """The family's loss of a micro-batch (`ParallelPlan.loss`); under context parallelism this rank's share
-        of the sequence's mean (`context_parallel_loss`)."""
+        """The family's loss of a micro-batch (`ParallelPlan.loss`); with per-token loss its share of the step's
+        mean over all loss tokens (`weighted_token_loss`); else, under context parallelism, this rank's share of
+        the sequence's mean (`context_parallel_loss`)."""
+        if self._tokens_per_loss is not None:
+            return weighted_token_loss(self.plan.loss, outputs, targets, self._tokens_per_loss)
         if self.cp_group is not None:
             return context_parallel_loss(self.plan.loss, outputs, targets, self.cp_group)
         return self.plan.loss(outputs, targets)
@@ -252,13 +262,19 @@ class ParallelModel:
     def run(self, microbatches: list[MicroBatch], train: bool) -> tuple[torch.Tensor, bool]:
         """Forward (and, if ``train``, backward) over one step's micro-batches.
 
-        Gradients accumulate as the mean over the micro-batches, scaled by ``loss_scale``.
+        Gradients accumulate as the mean over the micro-batches, scaled by ``loss_scale``; with per-token loss
+        each micro-batch's loss is first weighted by its share of the step's loss tokens, so that the gradient and
+        the reported loss are the mean over every loss token of the global batch (`trainer.parallel.token_loss`).
 
         Returns:
             The sum of the unscaled micro-batch losses on this rank, and whether this rank holds
             losses at all (under pipelining only the last stage does).
         """
         self._begin_auxiliary(len(microbatches))
+        if self.per_token_loss and self.has_last_stage:  # collective over the (last stage's) dp x cp replicas
+            self._tokens_per_loss = step_tokens_per_loss(
+                [self._local_sequence(mb.targets.to(self.device)) for mb in microbatches], self.dims.replicas,
+                self.replica_group)
         grad_context = contextlib.nullcontext() if train else torch.no_grad()
         with grad_context:
             if self.schedule is not None:

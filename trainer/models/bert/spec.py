@@ -7,7 +7,7 @@ import dataclasses
 from pathlib import Path
 
 from trainer.checkpoint.store import resolve_checkpoint
-from trainer.config import DECODER_OPTION_FIELDS, DEFAULT_DIVISIBLE_BY, DOCUMENT_FIELDS, T5Config
+from trainer.config import DECODER_OPTION_FIELDS, DEFAULT_DIVISIBLE_BY, DOCUMENT_FIELDS
 from trainer.errors import TrainConfigError
 from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.models.bert.convert import (
@@ -24,12 +24,14 @@ from trainer.models.bert.data import bert_loss, model_inputs, span_loss
 from trainer.models.bert.model import PRETRAINING_HEAD, TIED_COPY_NAME, TIED_WEIGHT_NAME, VOCAB_ROWS, Bert
 from trainer.models.bert.parallelize import apply_tp
 from trainer.models.bert.pipeline import split_stage
+from trainer.models.bert.settings import BertConfig
 from trainer.models.bert.training import layout_rules, training_parts
-from trainer.family.spec import ModelSpec, section_fields
+from trainer.family.spec import ModelSpec
 from trainer.parallel.plan import ParallelPlan
 
-# The t5 section's sample options BERT's samples take too (Megatron's flags are shared).
-BERT_T5_FIELDS = ("mask_prob", "short_seq_prob")
+# The model section's head options that only the decoders read (the t5 section's fields are unused too:
+# `trainer.models.unused_fields`; the masking section's BERT reads).
+DECODER_HEAD_FIELDS = ("kv_channels", "untie_embeddings_and_output_weights")
 
 
 def _refuse_generation(*_) -> None:
@@ -86,7 +88,7 @@ SPEC = ModelSpec(
     parallel_generation=False,
     # pretrain_bert.py's args_defaults: {"tokenizer_type": "BertWordPieceLowerCase"}.
     default_tokenizer_type="BertWordPieceLowerCase",
-    unused_fields=("fused_qkv", *DECODER_OPTION_FIELDS, *DOCUMENT_FIELDS,
-                   *(name for name in section_fields(T5Config) if name not in BERT_T5_FIELDS)),
+    unused_fields=("fused_qkv", *DECODER_OPTION_FIELDS, *DOCUMENT_FIELDS, "mock_data", *DECODER_HEAD_FIELDS),
+    settings=BertConfig,
     tasks=(("question_answering", "trainer.models.bert.squad.task"),),
 )

@@ -20,6 +20,7 @@ from trainer.errors import TrainConfigError
 from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
 from trainer.models.bert.data import collate_bert
 from trainer.models.bert.model import BertShape
+from trainer.models.bert.settings import bert_settings
 from trainer.family.spec import TrainingParts
 from trainer.parallel.plan import FamilyLayout
 from trainer.parallel.dims import pad_vocab_size
@@ -52,7 +53,7 @@ def bert_shape(config: TrainConfig, vocab_size: int, tp: int) -> BertShape:
     return BertShape(num_layers=m.num_layers, hidden_size=m.hidden_size, num_attention_heads=m.num_attention_heads,
                      ffn_hidden_size=m.ffn_hidden_size, max_position_embeddings=m.positions(),
                      padded_vocab_size=pad_vocab_size(vocab_size, m.make_vocab_size_divisible_by, tp),
-                     binary_head=not config.bert.bert_no_binary_head, hidden_dropout=m.hidden_dropout,
+                     binary_head=not bert_settings(config).bert_no_binary_head, hidden_dropout=m.hidden_dropout,
                      attention_dropout=m.attention_dropout, init_method_std=m.init_method_std,
                      layernorm_epsilon=m.layernorm_epsilon)
 
@@ -65,6 +66,10 @@ def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
              (not config.parallelism.sequence_parallel, "sequence_parallel is not implemented for model bert")]
     cp = config.parallelism.context_parallel_size
     rules.append((cp == 1, f"context_parallel_size ({cp}) > 1 is not implemented for model bert (decoder models only)"))
+    # Megatron's pretrain_bert.py loss_func returns no token count (masked-token mean plus sentence-order loss).
+    rules.append((not config.training.calculate_per_token_loss,
+                  "calculate_per_token_loss is not implemented for model bert: its loss (the masked tokens' mean "
+                  "plus the sentence-order loss) is not a per-token mean, as in Megatron's pretrain_bert.py"))
     return FamilyLayout(rules, model.num_layers, f"num_layers ({model.num_layers})")
 
 
@@ -88,9 +93,10 @@ def build_training_datasets(config: TrainConfig, pieces: list[str], pad_id: int,
         raise TrainConfigError(f"BERT trains on one dataset prefix; got {len(prefixes)} ({' '.join(prefixes)})")
     try:
         dataset_config = BertDatasetConfig(
-            data_prefix=prefixes[0], masking=masking_options(pieces, config.t5.mask_prob), pad_id=pad_id,
-            split=config.data.split, sequence_length=config.model.seq_length, short_seq_prob=config.t5.short_seq_prob,
-            binary_head=not config.bert.bert_no_binary_head, random_seed=config.data.seed,
+            data_prefix=prefixes[0], masking=masking_options(pieces, config.masking.mask_prob), pad_id=pad_id,
+            split=config.data.split, sequence_length=config.model.seq_length,
+            short_seq_prob=config.masking.short_seq_prob,
+            binary_head=not bert_settings(config).bert_no_binary_head, random_seed=config.data.seed,
             path_to_cache=config.data.data_cache_path)
     except ValueError as error:
         raise TrainConfigError(str(error)) from error

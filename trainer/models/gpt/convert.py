@@ -158,8 +158,8 @@ def _model_fields(shape: GPTShape, vocab_size: int) -> dict[str, Any]:
 
 def decoder_option_fields(shape: GPTShape) -> dict[str, Any]:
     """The `trainer.config.ModelConfig` fields of ``shape``'s Llama-class options (the inverse of
-    `trainer.models.gpt.training.decoder_options`; kv_channels and the untied head are the t5 section's); the Llama 3.1 constants
-    other than the factor are Megatron's fixed ones and have no flag."""
+    `trainer.models.gpt.training.decoder_options`, but for kv_channels and the untied head, which the callers that
+    read them add); the Llama 3.1 constants other than the factor are Megatron's fixed ones and have no flag."""
     return {"normalization": shape.normalization, "apply_layernorm_1p": shape.apply_layernorm_1p,
             "swiglu": shape.swiglu, "position_embedding_type": shape.position_embedding_type,
             "rotary_base": shape.rotary_base, "rotary_percent": shape.rotary_percent,
@@ -176,17 +176,17 @@ def decoder_option_fields(shape: GPTShape) -> dict[str, Any]:
 def gpt_checkpoint_train_defaults(root: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """GPT's `checkpoint_train_defaults`: the shape, real vocabulary and experts of model_config.json, the tokenizer."""
     model = read_model_config(root)
-    return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size)},
-            "t5": {"kv_channels": model.shape.kv_channels,
-                   "untie_embeddings_and_output_weights": model.shape.untie_embeddings_and_output_weights},
+    return {"model": {"model": "gpt", **_model_fields(model.shape, model.vocab_size),
+                      "kv_channels": model.shape.kv_channels,
+                      "untie_embeddings_and_output_weights": model.shape.untie_embeddings_and_output_weights},
             "moe": moe_config_fields(model.shape.moe), **tokenizer_train_defaults(root)}
 
 
 def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """Defaults that ``train --load-hf DIR`` takes from the directory, by `TrainConfig` section.
 
-    ``model``: the shape fields of `model_config_from_hf`; for a Llama-class directory ``t5``: the head width
-    and untied head (the flags T5 shares), ``moe``: Mixtral's experts; ``data``: the tokenizer options of the tokenizer files stored there (absent when there are none). Flags the user
+    ``model``: the shape fields of `model_config_from_hf` (for a Llama-class directory also the head width and
+    untied head, no dropout), ``moe``: Mixtral's experts; ``data``: the tokenizer options of the tokenizer files stored there (absent when there are none). Flags the user
     gives still win; `load_hf_weights` then rejects a shape the weights do not fit.
 
     Raises:
@@ -200,9 +200,9 @@ def hf_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict[str, Any]]:
         shape = decoder_shape(config)
         # Llama-class models train without dropout (Megatron's Llama examples: --hidden-dropout 0
         # --attention-dropout 0).
-        sections["model"] |= {"hidden_dropout": shape.hidden_dropout, "attention_dropout": shape.attention_dropout}
-        sections["t5"] = {"kv_channels": shape.kv_channels,
-                          "untie_embeddings_and_output_weights": shape.untie_embeddings_and_output_weights}
+        sections["model"] |= {"hidden_dropout": shape.hidden_dropout, "attention_dropout": shape.attention_dropout,
+                              "kv_channels": shape.kv_channels,
+                              "untie_embeddings_and_output_weights": shape.untie_embeddings_and_output_weights}
         if shape.moe is not None:
             sections["moe"] = moe_config_fields(shape.moe)
     return {**sections, **tokenizer_train_defaults(hf_dir)}

@@ -44,17 +44,24 @@ def build_datasets(data: DataConfig, seq_length: int, vocabulary: Vocabulary, si
 
     Raises:
         TrainConfigError: a prefix has no ``.bin``/``.idx``, the split/blend is malformed, or a document flag
-            (reset_position_ids, reset_attention_mask, eod_mask_loss) is given without a tokenizer's EOD id.
+            (reset_position_ids, reset_attention_mask, eod_mask_loss) or mock_data is given without a tokenizer's
+            EOD id.
     """
     check_data_files(data)
     documents = {name: getattr(data, name) for name in DOCUMENT_FIELDS}
+    if data.mock_data and vocabulary.eod_id is None:
+        raise TrainConfigError("mock_data needs the tokenizer's end-of-document id, which ends every mock "
+                               "document: give tokenizer_type NullTokenizer with vocab_size, or the tokenizer "
+                               "files (vocab_file and merge_file, or tokenizer_model)")
     given = [name for name, value in documents.items() if value]
     if given and vocabulary.eod_id is None:
         raise TrainConfigError(f"{', '.join(given)} need{'s' if len(given) == 1 else ''} the tokenizer's end-of-document "
                                "id: give the tokenizer files (vocab_file, merge_file or tokenizer_model)")
     options = {"pad_id": vocabulary.pad_id} if vocabulary.pad_id is not None else {}
+    if data.mock_data:  # Megatron's MockGPTDataset: its documents count modulo the tokenizer's vocabulary
+        options.update(mock=True, vocab_size=vocabulary.size)
     # Per-split data paths: each split's blend used whole (no split string), as build-indices does.
-    if data.blend_per_split is not None:
+    elif data.blend_per_split is not None:
         options["blend_per_split"] = data.blend_per_split
     else:
         options.update(blend=data.blend, split=data.split)

@@ -203,9 +203,12 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         if self.context_parallel is not None:
             # This rank holds 2 chunks of each sequence: its queries attend the whole sequence's keys/values
-            # (gathered as groups, before the repeat over heads) under the causal mask of the true positions.
-            k, v = self.context_parallel.gather_kv(k, v, seq_dim=2)
-            attention_mask = self.context_parallel.attention_mask(seq, x.device)
+            # (gathered as groups, before the repeat over heads) under the causal mask of the true positions,
+            # recomputed in the backward (selective recompute of the core attention included).
+            out = self.context_parallel.attention(q, k, v, self.heads_per_group, functools.partial(
+                attention, is_causal=False, scale=None, dropout=self.attention_dropout, keys=dropout_keys,
+                site=ATTENTION_PROBS_SITE))
+            return self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
         if kv_cache is not None:
             k, v = kv_cache.update(k, v)
         if self.heads_per_group > 1:

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from trainer.data.batches import Vocabulary
-from trainer.config import DEFAULT_DIVISIBLE_BY, BertConfig, T5Config
+from trainer.config import DEFAULT_DIVISIBLE_BY, MaskingConfig
 from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.models.gpt.convert import (
     CheckpointModel,
@@ -54,8 +54,6 @@ def _from_checkpoint(loaded: dict[str, torch.Tensor], state: dict[str, torch.Ten
     from_checkpoint(loaded, state, shape.num_attention_heads, shape.query_groups)
 
 
-GPT_T5_FIELDS = ("kv_channels", "untie_embeddings_and_output_weights")
-
 PLAN = ParallelPlan(
     build=GPT,
     num_layers=lambda shape: shape.num_layers,
@@ -89,7 +87,9 @@ SPEC = ModelSpec(
     check_generation=check_gpt_generation,
     parallel_generation=True,
     scoring_source=resolve_gpt_source,
-    # Two flags of the t5 section are a GPT's too (Megatron's): its head dim and its untied head.
-    unused_fields=tuple(name for name in section_fields(T5Config, BertConfig) if name not in GPT_T5_FIELDS),
+    # GPT samples are token windows: nothing masked (the other families' sections: `trainer.models.unused_fields`).
+    unused_fields=section_fields(MaskingConfig),
+    fused_qkv=True,
+    plain_bin_reads=True,
     tasks=(("text_generation", "trainer.models.gpt.task"),),
 )

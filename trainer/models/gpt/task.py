@@ -77,8 +77,9 @@ class TextGenerationTask:
                  if isinstance(choice, (str, os.PathLike)) else self._model)
         config = self._config
         data = config.data
-        if self._data_path is None and not (data.data_path or data.dataset or data.train_data_path):
-            raise TrainConfigError("train: the Trainer was given no train_dataset (nor args with a data path)")
+        if self._data_path is None and not (data.data_path or data.dataset or data.train_data_path or data.mock_data):
+            raise TrainConfigError("train: the Trainer was given no train_dataset (nor args with a data path or "
+                                   "mock_data)")
         checkpoint = {"save": os.path.abspath(config.checkpoint.save or DEFAULT_SAVE), "load": None, "load_hf": None}
         sections: dict[str, dict[str, Any]] = {}
         if start is not None and is_hf_directory(start):

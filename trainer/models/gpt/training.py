@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from trainer.config import ModelConfig, T5Config, TrainConfig
+from trainer.config import ModelConfig, TrainConfig
 from trainer.data.batches import resolve_vocabulary
 from trainer.models.gpt.data import build_datasets, collate
 from trainer.metrics.writers import FORWARD_BACKWARD_FACTOR
@@ -23,12 +23,12 @@ def model_shape(config: TrainConfig, vocab_size: int, tp: int) -> GPTShape:
                     hidden_dropout=m.hidden_dropout, attention_dropout=m.attention_dropout,
                     init_method_std=m.init_method_std, layernorm_epsilon=m.layernorm_epsilon,
                     fused_qkv=m.fused_qkv, moe=moe_settings(config.moe),
-                    **decoder_options(m, config.t5))
+                    **decoder_options(m))
 
 
-def decoder_options(m: ModelConfig, t5: T5Config) -> dict[str, object]:
+def decoder_options(m: ModelConfig) -> dict[str, object]:
     """The `GPTShape` fields of the Llama-class options (Megatron's flags as megatron-core's TransformerConfig
-    takes them); kv_channels and untie_embeddings_and_output_weights are in the t5 section (T5 reads them too)."""
+    takes them)."""
     return {"normalization": m.normalization, "apply_layernorm_1p": m.apply_layernorm_1p, "swiglu": m.swiglu,
             "position_embedding_type": m.position_embedding_type, "rotary_base": m.rotary_base,
             "rotary_percent": m.rotary_percent,
@@ -36,9 +36,9 @@ def decoder_options(m: ModelConfig, t5: T5Config) -> dict[str, object]:
                                             if m.rotary_seq_len_interpolation_factor is not None else None),
             "rope_scaling_factor": m.rope_scaling_factor if m.use_rope_scaling else None,
             "num_query_groups": m.query_groups() if m.group_query_attention else None,
-            "kv_channels": t5.kv_channels, "add_bias_linear": not m.disable_bias_linear,
+            "kv_channels": m.kv_channels, "add_bias_linear": not m.disable_bias_linear,
             "add_qkv_bias": m.add_qkv_bias, "qk_layernorm": m.qk_layernorm,
-            "untie_embeddings_and_output_weights": t5.untie_embeddings_and_output_weights}
+            "untie_embeddings_and_output_weights": m.untie_embeddings_and_output_weights}
 
 
 def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:

@@ -1,9 +1,10 @@
-"""What the `trainer.config.T5Config` section of `train --model t5` builds: the shape, special ids, datasets.
+"""What the t5 section of `train --model t5` (`trainer.models.t5.settings.T5Config`) builds: the shape,
+special ids, datasets.
 
     t5 = T5Config(encoder_seq_length=512, decoder_seq_length=128, vocab_extra_ids=100)
     special = resolve_t5_special_ids(config.data, t5.vocab_extra_ids)
     shape = t5_shape(config.model, t5, special.vocab_size, tp)        # hidden_size, heads, layers from ModelConfig
-    train_ds, valid_ds, test_ds = build_t5_training_datasets(config.data, t5, special, sizes)
+    train_ds, valid_ds, test_ds = build_t5_training_datasets(config.data, t5, special, sizes, config.masking)
 
 Field names follow Megatron's T5 flags where Megatron has one (--encoder-seq-length,
 --decoder-seq-length, --kv-channels, --decoder-num-layers, --vocab-extra-ids, --mask-prob,
@@ -25,22 +26,23 @@ from preprocess.tokenizers.t5 import T5SpecialIds, t5_special_ids, t5_text_token
 from samplers.splits import DEFAULT_SPLIT
 from samplers.t5.blend import build_t5_blend, build_t5_blend_per_split
 from samplers.t5.dataset import T5DatasetConfig
-from trainer.config import DataConfig, ModelConfig, MoEConfig, T5Config
+from trainer.config import DataConfig, MaskingConfig, ModelConfig, MoEConfig
 from trainer.data.batches import check_data_files
 from trainer.errors import TrainConfigError
 from trainer.parallel.dims import pad_vocab_size
 from trainer.models.t5.model import T5Shape
+from trainer.models.t5.settings import T5Config
 from trainer.moe.settings import moe_settings
 
 
 def t5_shape(model: ModelConfig, t5: T5Config, vocab_size: int, tp: int, moe: MoEConfig | None = None) -> T5Shape:
     """The T5's dimensions: width, heads, encoder layers, MLP width, dropout and epsilon from
-    ``model``, the rest from ``t5``, experts from ``moe`` (None: dense); the vocabulary padded for ``tp`` as
-    Megatron does."""
-    tied = not t5.untie_embeddings_and_output_weights
+    ``model`` (with the head width and the head's tying, which other families read too), the rest from ``t5``,
+    experts from ``moe`` (None: dense); the vocabulary padded for ``tp`` as Megatron does."""
+    tied = not model.untie_embeddings_and_output_weights
     scaled = tied if t5.scale_decoder_outputs is None else t5.scale_decoder_outputs
     return T5Shape(vocab_size=pad_vocab_size(vocab_size, model.make_vocab_size_divisible_by, tp),
-                   d_model=model.hidden_size, d_kv=t5.kv_channels or model.hidden_size // model.num_attention_heads,
+                   d_model=model.hidden_size, d_kv=model.kv_channels or model.hidden_size // model.num_attention_heads,
                    d_ff=model.ffn_hidden_size, num_heads=model.num_attention_heads,
                    num_encoder_layers=model.num_layers, num_decoder_layers=t5.decoder_num_layers or model.num_layers,
                    feed_forward=t5.feed_forward_proj, tie_word_embeddings=tied, scale_decoder_outputs=scaled,
@@ -107,9 +109,10 @@ def t5_text_tokenizer_for(tokenizer: Tokenizer, tokenizer_config: TokenizerConfi
         raise TrainConfigError(str(error)) from error
 
 
-def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5SpecialIds,
-                               sizes: tuple[int, int, int]) -> tuple[Dataset | None, ...]:
-    """The train, valid and test T5 datasets of the run: one sentence-split dataset, or a blend of several
+def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5SpecialIds, sizes: tuple[int, int, int],
+                               masking: MaskingConfig | None = None) -> tuple[Dataset | None, ...]:
+    """The train, valid and test T5 datasets of the run (noise density and short samples from ``masking``,
+    default its defaults): one sentence-split dataset, or a blend of several
     (``data_path`` W1 P1 W2 P2 ..., weighted as GPT blends are; ``dataset`` P1 P2: by their sample counts),
     or one such blend per split used whole (``train_data_path`` ..., None for a split without one).
 
@@ -117,6 +120,7 @@ def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5Specia
         TrainConfigError: a missing dataset file, bad sample options or blend weights.
     """
     check_data_files(data)
+    masking = masking if masking is not None else MaskingConfig()
     per_split = data.blend_per_split
     # Any member names the shared config (each member's prefix replaces it); per-split paths always have train.
     prefixes = per_split[0][0] if per_split is not None else data.blend[0]
@@ -126,8 +130,8 @@ def build_t5_training_datasets(data: DataConfig, t5: T5Config, special: T5Specia
                                  decoder_start_id=special.decoder_start, eos_id=special.eos,
                                  split=data.split or DEFAULT_SPLIT,
                                  encoder_seq_length=t5.encoder_seq_length, decoder_seq_length=t5.decoder_seq_length,
-                                 noise_density=t5.mask_prob, mean_noise_span_length=t5.mean_noise_span_length,
-                                 short_seq_prob=t5.short_seq_prob, random_seed=data.seed,
+                                 noise_density=masking.mask_prob, mean_noise_span_length=t5.mean_noise_span_length,
+                                 short_seq_prob=masking.short_seq_prob, random_seed=data.seed,
                                  path_to_cache=data.data_cache_path)
         if per_split is not None:
             return build_t5_blend_per_split(per_split, config, sizes)

@@ -174,8 +174,8 @@ def export_t5_checkpoint(root: Path, iteration: int, hf_dir: str | os.PathLike, 
 def t5_train_defaults(hf_dir: str | os.PathLike) -> dict[str, dict]:
     """Defaults that ``train --load-hf DIR`` takes from a HF T5/mT5 directory, by `TrainConfig` section.
 
-    ``model``: ``model="t5"``, the widths, layers, heads, epsilon and vocabulary size; ``t5``: d_kv, the
-    decoder layers, the MLP kind, the head tying and the relative position buckets; ``data``: the
+    ``model``: ``model="t5"``, the widths, layers, heads, d_kv, head tying, epsilon and vocabulary size;
+    ``t5``: the decoder layers, the MLP kind, the decoder output scaling and the relative position buckets; ``data``: the
     tokenizer files stored in DIR (absent when there are none). Flags the user gives still win;
     `load_hf_t5_weights` then rejects a shape the weights do not fit.
 
@@ -198,10 +198,9 @@ def t5_shape_defaults(shape: T5Shape, vocab_size: int) -> dict[str, dict]:
         "moe": moe_config_fields(shape.moe),
         "model": {"model": T5_MODEL, "num_layers": shape.num_encoder_layers, "hidden_size": shape.d_model,
                   "num_attention_heads": shape.num_heads, "ffn_hidden_size": shape.d_ff,
-                  "vocab_size": vocab_size, "layernorm_epsilon": shape.layer_norm_epsilon},
-        "t5": {"kv_channels": shape.d_kv, "decoder_num_layers": shape.num_decoder_layers,
-               "feed_forward_proj": shape.feed_forward,
-               "untie_embeddings_and_output_weights": not shape.tie_word_embeddings,
+                  "vocab_size": vocab_size, "layernorm_epsilon": shape.layer_norm_epsilon,
+                  "kv_channels": shape.d_kv, "untie_embeddings_and_output_weights": not shape.tie_word_embeddings},
+        "t5": {"decoder_num_layers": shape.num_decoder_layers, "feed_forward_proj": shape.feed_forward,
                "scale_decoder_outputs": shape.scale_decoder_outputs,
                "relative_attention_num_buckets": shape.relative_attention_num_buckets,
                "relative_attention_max_distance": shape.relative_attention_max_distance},

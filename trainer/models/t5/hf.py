@@ -24,12 +24,13 @@ from typing import Any
 
 import torch
 
-from trainer.config import FEED_FORWARD_KINDS, ModelConfig, MoEConfig, T5Config
+from trainer.config import ModelConfig, MoEConfig
 from trainer.checkpoint.hf_files import CONFIG_FILE, is_hf_directory, read_hf_config, read_hf_weights, write_hf_directory
 from trainer.errors import HFConversionError
 from trainer.checkpoint.model_files import check_model_sizes
 from trainer.checkpoint.model_memory import transformer_parameters
 from trainer.models.t5.model import T5, T5Shape
+from trainer.models.t5.settings import FEED_FORWARD_KINDS, T5Config
 from trainer.models.t5.switch import (
     SWITCH_ARCHITECTURE,
     SWITCH_MODEL_TYPE,

@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from trainer.config import FEED_FORWARD_KINDS
+from trainer.models.t5.settings import FEED_FORWARD_KINDS
 from trainer.parallel.keyed_dropout import OUTSIDE_LAYERS, KeyedDropout, attention, layer_keys
 from trainer.parallel.recompute import RECOMPUTE_CORE_ATTENTION, core_attention, run_layers
 from trainer.moe.layer import MoELayer

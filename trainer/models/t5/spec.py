@@ -9,10 +9,10 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from trainer.data.batches import Vocabulary
 from trainer.checkpoint.store import resolve_checkpoint
-from trainer.config import DECODER_OPTION_FIELDS, DEFAULT_DIVISIBLE_BY, DOCUMENT_FIELDS, BertConfig
+from trainer.config import DECODER_OPTION_FIELDS, DEFAULT_DIVISIBLE_BY, DOCUMENT_FIELDS
 from trainer.checkpoint.hf_convert import ConvertCheckpointConfig
 from trainer.errors import TrainConfigError
-from trainer.family.spec import ModelSpec, section_fields
+from trainer.family.spec import ModelSpec
 from trainer.parallel.plan import ParallelPlan
 from trainer.models.t5.convert import (
     T5_MODEL,
@@ -30,6 +30,7 @@ from trainer.models.t5.hf import T5_ARCHITECTURES
 from trainer.models.t5.model import T5, T5Shape
 from trainer.models.t5.parallelize import apply_t5_tp
 from trainer.models.t5.pipeline import split_t5_stage
+from trainer.models.t5.settings import SECTION, T5Config, t5_stack_layers
 from trainer.models.t5.training import layout_rules, training_parts
 
 
@@ -106,5 +107,9 @@ SPEC = ModelSpec(
     # Lengths are encoder_seq_length/decoder_seq_length; positions are relative buckets (no table, no
     # init std of their own); one dropout_rate (hidden_dropout) serves attention too, as in HF's T5.
     unused_fields=("seq_length", "init_method_std", "attention_dropout", "fused_qkv", *DECODER_OPTION_FIELDS,
-                   *DOCUMENT_FIELDS, *section_fields(BertConfig)),
+                   *DOCUMENT_FIELDS, "mock_data"),
+    settings=T5Config,
+    sequence_lengths=((SECTION, "encoder_seq_length"), (SECTION, "decoder_seq_length")),
+    # Encoder and decoder each count their MoE layers from moe_layer_offset.
+    stack_layers=t5_stack_layers,
 )

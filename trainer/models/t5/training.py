@@ -11,6 +11,7 @@ from trainer.parallel.plan import FamilyLayout
 from trainer.models.t5.config import build_t5_training_datasets, resolve_t5_special_ids, t5_shape
 from trainer.models.t5.data import collate_t5
 from trainer.models.t5.model import T5Shape
+from trainer.models.t5.settings import t5_settings
 
 # A gated-GELU MLP has two input projections.
 GATED_INPUTS = 2
@@ -20,7 +21,7 @@ def layout_rules(config: TrainConfig, tp: int) -> FamilyLayout:
     """Under sequence parallelism both lengths split over tp; the pipeline splits encoder and decoder blocks
     together. (The vocabulary is padded to a multiple of tp, `pad_vocab_size`, and T5 has no position table: a
     max_position_embeddings given, as CPM-Pretrain's run_t5.sh does, must cover both lengths, Megatron's check.)"""
-    model, t5 = config.model, config.t5
+    model, t5 = config.model, t5_settings(config)
     decoder_layers = t5.decoder_num_layers or model.num_layers
     positions = model.max_position_embeddings
     sequence_parallel = config.parallelism.sequence_parallel
@@ -65,15 +66,16 @@ def flops_per_token(shape: T5Shape, encoder_length: int, decoder_length: int) ->
 
 def training_parts(config: TrainConfig, tp: int, sizes: tuple[int, int, int]) -> TrainingParts:
     """Span-corruption samples of one sentence-split dataset; the tokenizer's sentinels, EOS and pad."""
-    special = resolve_t5_special_ids(config.data, config.t5.vocab_extra_ids)
+    t5 = t5_settings(config)
+    special = resolve_t5_special_ids(config.data, t5.vocab_extra_ids)
     vocabulary = Vocabulary(size=config.model.vocab_size or special.vocab_size, eod_id=special.eos,
                             pad_id=special.pad)
     if special.vocab_size > vocabulary.size:
         raise TrainConfigError(f"the tokenizer {config.data.tokenizer_model or config.data.vocab_file} has "
                                f"{special.vocab_size} ids (with {len(special.sentinels)} sentinels) but the "
                                f"model's vocab_size is {vocabulary.size}: its ids do not fit the model")
-    shape = t5_shape(config.model, config.t5, vocabulary.size, tp, config.moe)
-    datasets = build_t5_training_datasets(config.data, config.t5, special, sizes)
-    encoder, decoder = config.t5.encoder_seq_length, config.t5.decoder_seq_length
+    shape = t5_shape(config.model, t5, vocabulary.size, tp, config.moe)
+    datasets = build_t5_training_datasets(config.data, t5, special, sizes, config.masking)
+    encoder, decoder = t5.encoder_seq_length, t5.decoder_seq_length
     return TrainingParts(vocabulary=vocabulary, shape=shape, datasets=datasets, collate=collate_t5,
                          tokens_per_sample=encoder + decoder, flops_per_token=flops_per_token(shape, encoder, decoder))
