@@ -1,7 +1,7 @@
 """What the checkpoint manifest costs: save and load with and without its SHA-256 checksums, same run.
 
 A GPT-2-small-sized state (124 M parameters as fp32 weights plus AdamW's two moments: ~1.5 GB) is saved
-with `trainer.checkpoint.store.save_checkpoint` (DCP, then the manifest) and loaded back with
+with `trainer.checkpoint.save.save_checkpoint` (DCP, then the manifest) and loaded back with
 `load_checkpoint` with and without verification. Rounds alternate; medians are printed with the ratios.
 
     python -m benchmarks.checkpoint_manifest             # ~1.5 GB state, 3 rounds
@@ -21,7 +21,9 @@ from pathlib import Path
 import torch
 
 from indexed_dataset.cli_parser import finite_float
-from trainer.checkpoint.store import checkpoint_dir, load_checkpoint, save_checkpoint
+from trainer.checkpoint.load import load_checkpoint
+from trainer.checkpoint.save import save_checkpoint
+from trainer.checkpoint.store import checkpoint_dir
 from trainer.checkpoint.manifest import write_manifest
 
 GPT2_SMALL_PARAMETERS = 124e6

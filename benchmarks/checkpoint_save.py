@@ -29,7 +29,7 @@ import torch
 from benchmarks.checkpoint_manifest import GPT2_SMALL_PARAMETERS, make_state, timed
 from indexed_dataset.cli_parser import finite_float
 from trainer.checkpoint.async_save import AsyncSaver
-from trainer.checkpoint.store import save_checkpoint
+from trainer.checkpoint.save import save_checkpoint
 
 # The stand-in step: a product of two square fp32 matrices of this size (tens of milliseconds on a CPU core),
 # on one thread: a GPU run's step loop keeps one host thread busy and leaves the other cores to the writer.

@@ -30,17 +30,15 @@ import torch.distributed as dist
 from samplers.run_length import RunLength
 from trainer.errors import NonFiniteError
 from trainer.optim.auxiliary_losses import MAX, MEAN
+from trainer.checkpoint.load import load_checkpoint, saved_names, vocab_row_names
+from trainer.checkpoint.save import save_checkpoint
 from trainer.checkpoint.store import (
     MODEL_CONFIG_FILE,
     MODEL_PREFIX,
     OPTIMIZER_PREFIX,
     check_load_path,
     latest_iteration,
-    load_checkpoint,
-    saved_names,
     remove_old_checkpoints,
-    save_checkpoint,
-    vocab_row_names,
 )
 from trainer.checkpoint.async_save import AsyncSaver
 from trainer.checkpoint.early_exit import SECONDS_PER_MINUTE, EarlyExit

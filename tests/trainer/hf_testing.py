@@ -101,7 +101,8 @@ def job_generate(tp: int, pp: int, load: str, prompts: list[list[int]], max_new_
 def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
     """Start from ``source`` (a checkpoint, or a HF directory through load_hf_weights), train ``steps`` AdamW
     steps on random tokens in a tp x pp layout with the trainer's ParallelModel, save the model (DCP)."""
-    from trainer.checkpoint.store import load_checkpoint, save_checkpoint
+    from trainer.checkpoint.load import load_checkpoint
+    from trainer.checkpoint.save import save_checkpoint
     from trainer.config import OptimizerConfig, ParallelismConfig
     from trainer.models.gpt.data import GPTMicroBatch
     from trainer.checkpoint.store import MODEL_PREFIX

@@ -11,7 +11,8 @@ import torch
 from hf_testing import LOGIT_TOLERANCE, hf_model, make_tiny_hf, prompt_batch
 from trainer_testing import TINY_STEPS, argv_for, result_record, run_in_processes, tiny_config
 
-from trainer.checkpoint.store import MODEL_CONFIG_FILE, SafeFileSystemReader, checkpoint_dir
+from trainer.checkpoint.load import SafeFileSystemReader
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, checkpoint_dir
 from trainer.cli.train import main
 from trainer.cli.train_args import build_parser, config_from_args
 from trainer.cli.convert import main as convert_checkpoint

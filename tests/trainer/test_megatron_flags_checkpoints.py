@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 from trainer_testing import argv_for, tiny_config
 
-from trainer.checkpoint.store import MODEL_PREFIX, OPTIMIZER_PREFIX, latest_iteration, saved_names
+from trainer.checkpoint.load import saved_names
+from trainer.checkpoint.store import MODEL_PREFIX, OPTIMIZER_PREFIX, latest_iteration
 from trainer.cli.train import main
 from trainer.train import train
 

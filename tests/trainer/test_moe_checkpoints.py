@@ -10,7 +10,8 @@ import json
 import pytest
 import torch
 
-from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX, save_checkpoint
+from trainer.checkpoint.save import save_checkpoint
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX
 from trainer.cli.train import _parser_for
 from trainer.cli.train_args import config_from_args
 from trainer.models.gpt.convert import CheckpointModel, read_model_config, save_model_config
@@ -66,7 +67,7 @@ def test_train_load_takes_a_gpt_checkpoints_experts_as_defaults(gpt_checkpoint):
 
 
 def test_generate_builds_the_moe_gpt_of_a_checkpoint(gpt_checkpoint, capsys):
-    from trainer.checkpoint.store import load_checkpoint
+    from trainer.checkpoint.load import load_checkpoint
     from trainer.cli.generate import main
 
     prompt = [3, 7, 11, 5]

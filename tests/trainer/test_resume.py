@@ -10,7 +10,8 @@ import pytest
 import torch
 from trainer_testing import TINY_STEPS, TINY_VOCAB, result_record, run_in_processes, tiny_config
 
-from trainer.checkpoint.store import LATEST_FILE, latest_iteration, load_checkpoint
+from trainer.checkpoint.load import load_checkpoint
+from trainer.checkpoint.store import LATEST_FILE, latest_iteration
 
 HALF = TINY_STEPS // 2
 PARALLEL_RESUME_TOLERANCE = 1e-6

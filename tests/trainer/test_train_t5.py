@@ -50,7 +50,7 @@ def test_cli_trains_t5_and_resumes_exactly(sentence_prefix, data_test, t5_refere
 def test_trained_t5_exports_to_transformers_without_flags(sentence_prefix, data_test, t5_reference, tmp_path):
     from transformers import T5ForConditionalGeneration
 
-    from trainer.checkpoint.store import load_checkpoint
+    from trainer.checkpoint.load import load_checkpoint
     from trainer.cli.convert import main as convert_main
     from trainer.models.t5.convert import read_t5_model_config
 

@@ -6,7 +6,7 @@
     saver.wait()                            # collective; before the next save and at the end of the run
 
 `start` does the checks of a save (room on the disk), then copies the tensors into CPU buffers (the stall of
-the step loop), and a thread does the rest of `trainer.checkpoint.store.save_checkpoint` with the copies: DCP's
+the step loop), and a thread does the rest of `trainer.checkpoint.save.save_checkpoint` with the copies: DCP's
 save, the manifest, the rename, the pointer. The files are the same as a synchronous save's, and a crash
 before the end leaves only the staging directory, which no load takes and the next save removes: the
 previous checkpoint stays the latest. The buffers are kept from one save to the next (a save waits for the
@@ -31,7 +31,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.tensor import DTensor
 
-from trainer.checkpoint.store import begin_save, checkpoint_dir, complete_save, save_failure
+from trainer.checkpoint.save import begin_save, complete_save, save_failure
+from trainer.checkpoint.store import checkpoint_dir
 
 # Single-process DCP warns, from the saving thread, that it assumes a single process, which is what we mean
 # (`trainer.checkpoint.store` silences the same warning of a synchronous save, in the thread that saves:

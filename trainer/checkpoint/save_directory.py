@@ -26,7 +26,8 @@ import socket
 from collections.abc import Iterator
 from pathlib import Path
 
-from trainer.checkpoint.store import ITERATION_DIR, LATEST_FILE, MODEL_CONFIG_FILE, TEMP_SUFFIX, refuse_on_every_rank
+from trainer.checkpoint.save import refuse_on_every_rank
+from trainer.checkpoint.store import ITERATION_DIR, LATEST_FILE, MODEL_CONFIG_FILE, TEMP_SUFFIX
 from trainer.checkpoint.lengths import SEQUENCE_LENGTHS_FILE
 from trainer.errors import CheckpointError
 from trainer.checkpoint.hf_files import TOKENIZER_FILES

@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
-from trainer.checkpoint.store import copy_into_parameter
+from trainer.checkpoint.load import copy_into_parameter
 from trainer.config import ParallelismConfig
 from trainer.data.batches import MicroBatch
 from trainer.errors import TrainConfigError

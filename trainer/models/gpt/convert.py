@@ -27,17 +27,15 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from trainer.checkpoint.load import SafeFileSystemReader, copy_into_parameter, load_checkpoint
+from trainer.checkpoint.save import save_checkpoint
 from trainer.checkpoint.store import (
     IMPORTED_ITERATION,
     LATEST_FILE,
     MODEL_CONFIG_FILE,
     MODEL_PREFIX,
-    SafeFileSystemReader,
     checkpoint_dir,
-    copy_into_parameter,
-    load_checkpoint,
     resolve_checkpoint,
-    save_checkpoint,
 )
 from trainer.errors import CheckpointError, HFConversionError, ModelFileError
 from trainer.checkpoint.hf_files import (

@@ -30,7 +30,7 @@ from __future__ import annotations
 import torch
 from torch.distributed.tensor import DTensor, distribute_tensor
 
-from trainer.checkpoint.store import copy_into_parameter
+from trainer.checkpoint.load import copy_into_parameter
 
 # q, k and v: the projections one fused linear holds.
 QKV = 3

@@ -19,15 +19,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from trainer.checkpoint.store import (
-    IMPORTED_ITERATION,
-    LATEST_FILE,
-    MODEL_CONFIG_FILE,
-    MODEL_PREFIX,
-    copy_into_parameter,
-    load_checkpoint,
-    save_checkpoint,
-)
+from trainer.checkpoint.load import copy_into_parameter, load_checkpoint
+from trainer.checkpoint.save import save_checkpoint
+from trainer.checkpoint.store import IMPORTED_ITERATION, LATEST_FILE, MODEL_CONFIG_FILE, MODEL_PREFIX
 from trainer.errors import CheckpointError
 from trainer.checkpoint.model_files import (
     MOE_EXPERTS,

@@ -28,7 +28,8 @@ import torch
 import torch.distributed as dist
 
 from preprocess.tokenizers import Tokenizer
-from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX, load_checkpoint, resolve_checkpoint
+from trainer.checkpoint.load import load_checkpoint
+from trainer.checkpoint.store import MODEL_CONFIG_FILE, MODEL_PREFIX, resolve_checkpoint
 from trainer.parallel.distributed import init_distributed, resolve_device_type
 from trainer.errors import CheckpointError, TrainConfigError
 from trainer.generation.generate import Completion, GenerateConfig, encode_prompts, prompt_tokenizer

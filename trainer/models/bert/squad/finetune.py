@@ -27,7 +27,9 @@ import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
 from preprocess.tokenizers import TokenizerConfig, TokenizerError, build_tokenizer
-from trainer.checkpoint.store import MODEL_PREFIX, copy_into_parameter, resolve_checkpoint, save_checkpoint
+from trainer.checkpoint.load import copy_into_parameter
+from trainer.checkpoint.save import save_checkpoint
+from trainer.checkpoint.store import MODEL_PREFIX, resolve_checkpoint
 from trainer.config import DEFAULT_DIVISIBLE_BY, OptimizerConfig, ParallelismConfig, TrainingConfig
 from trainer.data.batches import Vocabulary
 from trainer.parallel.distributed import init_distributed, resolve_device_type
