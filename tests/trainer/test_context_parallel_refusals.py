@@ -1,8 +1,9 @@
 """What ``--context-parallel-size`` does not combine with is refused in one line, before any process starts:
 the encoder families (t5, bert: decoder models only), a sequence that does not cut into 2 x cp chunks (or,
 under sequence parallelism, whose cp share does not split over tp), a world size that cp does not divide,
---reset-attention-mask, mixture of experts and keyed dropout. The layout it accepts: (pp, dp, cp, tp) with the
-data-parallel size excluding cp, the micro and global batch keeping their meaning."""
+--reset-attention-mask, expert capacity (tokens would be dropped per rank's share) and keyed dropout. The layout
+it accepts: (pp, dp, cp, tp) with the data-parallel size excluding cp, the micro and global batch keeping their
+meaning; mixture of experts with the expert-parallel groups drawn from the dp x cp ranks (Megatron's folding)."""
 
 from __future__ import annotations
 
@@ -40,8 +41,14 @@ def dims_of(argv, world_size):
      "pipeline_model_parallel_size (1) x context_parallel_size (2)"),
     (["--context-parallel-size", "2", "--reset-attention-mask"], 2,
      "reset_attention_mask does not combine with context_parallel_size (2) > 1 yet"),
-    (["--context-parallel-size", "2", "--num-experts", "4"], 2,
-     "context_parallel_size (2) > 1 does not combine with num_experts (mixture of experts) yet"),
+    (["--context-parallel-size", "2", "--num-experts", "4", "--moe-expert-capacity-factor", "1.0"], 2,
+     "context_parallel_size (2) > 1 does not combine with moe_expert_capacity_factor or moe_expert_capacity yet "
+     "(tokens would be dropped per rank's share of the sequence): use dropless routing"),
+    (["--context-parallel-size", "2", "--num-experts", "4", "--moe-expert-capacity", "8"], 2,
+     "context_parallel_size (2) > 1 does not combine with moe_expert_capacity_factor or moe_expert_capacity yet "
+     "(tokens would be dropped per rank's share of the sequence): use dropless routing"),
+    (["--context-parallel-size", "2", "--num-experts", "8", "--expert-model-parallel-size", "8"], 4,
+     "the data-parallel size (2) x context_parallel_size (2) is not divisible by expert_model_parallel_size (8)"),
     (["--context-parallel-size", "2", "--keyed-dropout"], 2,
      "keyed_dropout does not combine with context_parallel_size (2) > 1: its masks index whole sequences"),
 ])
@@ -57,6 +64,13 @@ def test_cp_ranks_share_the_data_parallel_rank_and_batch():
     assert (dims.pp, dims.dp, dims.cp, dims.tp) == (1, 2, 2, 2)
     assert dims.world_size == 8 and dims.replicas == 4 and dims.replica_dim == "dp_cp"
     assert dims.global_batch_size == 8 and dims.num_microbatches == 2
+
+
+@pytest.mark.parametrize(("world_size", "ep"), [(2, 2), (4, 2), (4, 4)])
+def test_experts_take_their_parallel_groups_from_the_dp_x_cp_ranks(world_size, ep):
+    dims = dims_of(["--context-parallel-size", "2", "--num-experts", "4", "--expert-model-parallel-size", str(ep)],
+                   world_size)
+    assert (dims.dp, dims.cp, dims.ep) == (world_size // 2, 2, ep) and dims.replicas == world_size
 
 
 def test_the_cli_refuses_in_one_line_without_a_traceback(capsys):

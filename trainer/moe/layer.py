@@ -12,6 +12,8 @@ layer reports them with the dropped fraction and the expert loads (`auxiliary_me
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -32,7 +34,7 @@ from trainer.moe.router import (
     expert_counts,
     load_balancing_loss,
     route,
-    sequence_load_balancing_loss,
+    sequence_expert_counts,
     z_loss,
 )
 from trainer.moe.settings import MoESettings
@@ -74,6 +76,11 @@ class MoELayer(nn.Module):
         """Its name in the model (`name_moe_layers`): what --moe-per-layer-logging reports it under."""
         self.ep_group: dist.ProcessGroup | None = None
         """Set by `trainer.moe.parallel.apply_ep`: the experts are sharded over this group's ranks."""
+        self.context_parallel: Any = None
+        """Set by `trainer.parallel.context.apply_cp` (a ``ContextParallel``): this rank routes its share of each
+        sequence, and the load-balancing statistics (tokens per expert) are summed over its ``group``, so the
+        auxiliary losses and loads are the whole sequence's (Megatron reduces them over its tp x cp group; here the
+        tp ranks route the same tokens already: `trainer.moe.parallel.replicated_moe_plan`)."""
         self.auxiliary_loss_scale = 1.0
         self._records: list[torch.Tensor] = []
         """One `_record` per training forward pass (recomputations excluded)."""
@@ -85,6 +92,7 @@ class MoELayer(nn.Module):
         logits = self.router(self._jitter(tokens))
         routing = route(logits, s.top_k, s.pre_softmax)
         counts = expert_counts(routing.experts, s.num_experts)
+        whole_counts = self._whole_sequence(counts)
         keep = None
         if s.capacity_factor is not None:
             capacity = expert_capacity(len(tokens), s.top_k, s.num_experts, s.capacity_factor)
@@ -102,26 +110,47 @@ class MoELayer(nn.Module):
             received, local_counts, exchange = send_to_experts(rows, dispatch.counts, self.ep_group)
             outputs = receive_from_experts(self.experts(received, local_counts), exchange, self.ep_group)
         out = combine(outputs, dispatch, len(tokens)).view_as(x)
-        aux = self._load_balancing_loss(routing, counts, x)
+        aux = self._load_balancing_loss(routing, whole_counts, x)
         z = s.z_loss_coeff * z_loss(logits) if s.z_loss_coeff else logits.new_zeros(())
         if self.training:
             out = attach_auxiliary_loss(out, aux + z, self.auxiliary_loss_scale)
         # Training forwards only: the metrics are the training step's, and an evaluation or a generation
         # (forwards nobody pops) must not pile records up.
         if self.training and not _recomputing():
-            self._record(aux, z, counts, len(tokens) * s.top_k - len(dispatch.token_index))
+            assignments = len(tokens) * s.top_k
+            self._record(aux, z, whole_counts, assignments, assignments - len(dispatch.token_index))
         return out
 
-    def _load_balancing_loss(self, routing: Routing, counts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    def _load_balancing_loss(self, routing: Routing, whole_counts: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The weighted load-balancing loss of the settings' kind (a zero coefficient or kind none skips it, and
-        its backward: its reported value is zero either way)."""
+        its backward: its reported value is zero either way). ``whole_counts``: `_whole_sequence` of the counts.
+
+        Under context parallelism the fractions f_e are the whole sequence's and P_e this rank's tokens' mean:
+        cp times this rank's share of the whole sequence's loss, as the main loss on a cp rank is
+        (`trainer.parallel.context.context_parallel_loss`), so the gradients averaged over the cp ranks and the
+        mean of the reported values are the whole sequence's."""
         s = self.settings
         if not s.aux_loss_coeff or s.load_balancing_type == "none":
             return routing.probs.new_zeros(())
+        probs, counts = routing.probs, whole_counts
         if s.load_balancing_type == "seq_aux_loss":
             sequences = routing.probs.shape[0] // x.shape[-2] if x.dim() > 2 else 1
-            return s.aux_loss_coeff * sequence_load_balancing_loss(routing.probs, routing.experts, sequences, s.top_k)
-        return s.aux_loss_coeff * load_balancing_loss(routing.probs, counts, s.top_k)
+            probs = probs.view(sequences, -1, s.num_experts)
+            counts = self._whole_sequence(sequence_expert_counts(routing.experts, sequences, s.num_experts))
+        return s.aux_loss_coeff * load_balancing_loss(probs, counts, s.top_k,
+                                                      counted_tokens=probs.shape[-2] * self._cp_size())
+
+    def _cp_size(self) -> int:
+        return 1 if self.context_parallel is None else dist.get_world_size(self.context_parallel.group)
+
+    def _whole_sequence(self, counts: torch.Tensor) -> torch.Tensor:
+        """``counts`` (int64 assignments per expert of this rank's tokens) summed over the cp group: the whole
+        sequences' (``counts`` itself without context parallelism)."""
+        if self.context_parallel is None:
+            return counts
+        whole = counts.clone()
+        dist.all_reduce(whole, group=self.context_parallel.group)
+        return whole
 
     def _jitter(self, tokens: torch.Tensor) -> torch.Tensor:
         """The router's input: ``tokens`` times uniform(1 - eps, 1 + eps) noise in training (``input_jitter_eps``)."""
@@ -130,13 +159,15 @@ class MoELayer(nn.Module):
             return tokens
         return tokens * torch.empty_like(tokens).uniform_(1.0 - eps, 1.0 + eps)
 
-    def _record(self, aux: torch.Tensor, z: torch.Tensor, counts: torch.Tensor, dropped: int) -> None:
+    def _record(self, aux: torch.Tensor, z: torch.Tensor, whole_counts: torch.Tensor, assignments: int,
+                dropped: int) -> None:
         """Keep this forward's metrics as one float64 tensor [len(RECORD_FIELDS)] on the layer's device: no
-        host synchronisation per forward (`pop_auxiliary_metrics` reads them all at once)."""
-        assignments = counts.sum()
-        load = counts.double() * (counts.numel() / assignments.clamp(min=1).double())
+        host synchronisation per forward (`pop_auxiliary_metrics` reads them all at once). The loads come from
+        ``whole_counts`` (the whole sequences', `_whole_sequence`); ``assignments`` and ``dropped`` are this
+        rank's (their sums over the ranks make the dropped fraction)."""
+        load = whole_counts.double() * (whole_counts.numel() / whole_counts.sum().clamp(min=1).double())
         self._records.append(torch.stack([aux.detach().double(), z.detach().double(),
-                                          torch.full_like(load[0], dropped), assignments.double(),
+                                          torch.full_like(load[0], dropped), torch.full_like(load[0], assignments),
                                           load.max(), load.min()]))
 
     def auxiliary_metric_kinds(self) -> dict[str, str]:

@@ -5,7 +5,10 @@ of their gradients over the rest of data parallelism.
 Layout (Megatron's): ``ep`` divides the data-parallel size; the data-parallel ranks are
 ``expert_dp x ep`` (ep fastest), and ep rank r holds experts r E/ep ... (r+1) E/ep - 1 of every MoE layer.
 A token batch stays on its data-parallel rank except inside a MoE layer, where its rows travel to the
-experts' ranks and back (`trainer.moe.dispatch`).
+experts' ranks and back (`trainer.moe.dispatch`). Under context parallelism the same holds with the dp x cp
+ranks in place of the data-parallel ones (Megatron folds cp into the expert layout:
+`trainer.parallel.dims.ParallelDims.expert_mesh`): each cp rank sends its share of the sequence's tokens, and
+"the data-parallel size" below is dp x cp (the replicas every other gradient is averaged over).
 
 Under tensor parallelism the router and experts are replicated over ``tp`` (Megatron's layout with an
 expert-tensor-parallel size of 1): every tp rank routes and computes all of its data-parallel rank's tokens,

@@ -69,16 +69,21 @@ def expert_counts(experts: torch.Tensor, num_experts: int) -> torch.Tensor:
     return torch.bincount(experts.reshape(-1), minlength=num_experts)
 
 
-def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int) -> torch.Tensor:
+def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int,
+                        counted_tokens: int | None = None) -> torch.Tensor:
     """Switch/GShard load-balancing loss E * sum_e f_e P_e (1.0 when perfectly balanced).
 
     f_e = counts[e] / (T k) is the fraction of assignments expert e receives (not differentiable), P_e the
     mean router probability of e over the T tokens (differentiable). Megatron's
     ``switch_load_balancing_loss_func`` without its coefficient. With a leading group dimension (``probs``
     [G, T, E], ``counts`` [G, E]): the mean over the groups of each group's loss.
+
+    ``counted_tokens``: the tokens (per group) ``counts`` counts, when they are more than ``probs``' T: under
+    context parallelism ``counts`` are the whole sequence's (summed over the cp ranks) while ``probs`` are this
+    rank's tokens; the mean over the cp ranks of the results is then the whole sequence's loss.
     """
     num_tokens, num_experts = probs.shape[-2:]
-    fraction = counts.to(probs.dtype) / (num_tokens * top_k)
+    fraction = counts.to(probs.dtype) / ((counted_tokens or num_tokens) * top_k)
     return (num_experts * (fraction * probs.mean(dim=-2)).sum(dim=-1)).mean()
 
 
@@ -93,10 +98,16 @@ def sequence_load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num
     """
     num_experts = probs.shape[-1]
     per_sequence = probs.view(num_sequences, -1, num_experts)
+    return load_balancing_loss(per_sequence, sequence_expert_counts(experts, num_sequences, num_experts), top_k)
+
+
+def sequence_expert_counts(experts: torch.Tensor, num_sequences: int, num_experts: int) -> torch.Tensor:
+    """int64 [S, E]: assignments per expert of each of the ``num_sequences`` equal runs of ``experts`` int64
+    [T, k] (consecutive sequences)."""
     # One bincount: sequence s's expert e is bin s E + e.
     offsets = torch.arange(num_sequences, device=experts.device)[:, None] * num_experts
     counts = expert_counts(experts.view(num_sequences, -1) + offsets, num_sequences * num_experts)
-    return load_balancing_loss(per_sequence, counts.view(num_sequences, num_experts), top_k)
+    return counts.view(num_sequences, num_experts)
 
 
 def z_loss(logits: torch.Tensor) -> torch.Tensor:

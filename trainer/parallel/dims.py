@@ -22,7 +22,9 @@ MESH_DIM_NAMES = ("pp", "dp", "tp")
 # gradients are reduced over the flattened (dp, cp), as Megatron's data-parallel-with-cp group.
 CP_MESH_DIM_NAMES = ("pp", "dp", "cp", "tp")
 DP_CP_DIM = "dp_cp"
-# With expert parallelism dp is the flattened (expert_dp, ep): Megatron's order, ep fastest within dp.
+# With expert parallelism dp is the flattened (expert_dp, ep): Megatron's order, ep fastest within dp. With context
+# parallelism too, the expert layout is a mesh of its own over the same ranks: (expert_dp, ep) re-splits the
+# flattened (dp, cp), as Megatron folds cp into the expert-data-parallel ranks.
 EP_MESH_DIM_NAMES = ("pp", "expert_dp", "ep", "tp")
 
 
@@ -43,7 +45,7 @@ class ParallelDims:
     num_microbatches: int
     """Micro-batches per optimiser step on one dp rank (gradient accumulation, or pipeline micro-batches)."""
     ep: int = 1
-    """Expert-parallel degree: a divisor of dp (each MoE layer's experts sharded over ep data-parallel ranks)."""
+    """Expert-parallel degree: a divisor of dp x cp (each MoE layer's experts sharded over ep of those ranks)."""
     cp: int = 1
     """Context-parallel degree: each sample's sequence split over cp ranks (`trainer.parallel.context`); the cp
     ranks of a data-parallel rank read the same samples."""
@@ -81,6 +83,18 @@ class ParallelDims:
         mesh["expert_dp", "ep"]._flatten("dp")
         return mesh
 
+    def expert_mesh(self, mesh: DeviceMesh) -> DeviceMesh:
+        """The mesh with the expert layout's dims ``ep`` and ``expert_dp`` (under expert parallelism).
+
+        ``mesh`` itself without context parallelism (`build_mesh`). With it, Megatron's folding: the same ranks
+        as ``mesh`` (pp, dp, cp, tp) with the flattened (dp, cp) re-split as (expert_dp, ep), ep fastest, so an
+        expert-parallel group is drawn from the dp x cp ranks and expert_dp = dp x cp / ep. Collective: every
+        rank builds it (one process group per new group of ranks)."""
+        if self.cp == 1:
+            return mesh
+        ranks = mesh.mesh.reshape(self.pp, self.replicas // self.ep, self.ep, self.tp)
+        return DeviceMesh(mesh.device_type, ranks, mesh_dim_names=EP_MESH_DIM_NAMES)
+
 
 def resolve_parallel_dims(config: TrainConfig, world_size: int,
                           layout_rules: Callable[[TrainConfig, int], FamilyLayout]) -> ParallelDims:
@@ -110,7 +124,7 @@ def resolve_parallel_dims(config: TrainConfig, world_size: int,
     family = layout_rules(config, tp)
     rules += family.rules
     ep = config.moe.expert_model_parallel_size
-    rules += _expert_rules(config, dp, ep)
+    rules += _expert_rules(config, dp, cp, ep)
     rules += _context_rules(config, cp)
     num_layers, layers_name = family.num_layers, family.layers_name
     if par.pipeline_schedule == "interleaved":
@@ -143,9 +157,13 @@ def _context_rules(config: TrainConfig, cp: int) -> list[tuple[bool, str]]:
     """The layouts context parallelism does not combine with yet (the family adds its own sequence rules)."""
     if cp == 1:
         return []
+    moe = config.moe
     return [
-        (config.moe.num_experts is None,
-         f"context_parallel_size ({cp}) > 1 does not combine with num_experts (mixture of experts) yet"),
+        # Capacity drops the assignments past an expert's capacity in token order: per rank, a cp rank's share
+        # would drop other tokens than one process does.
+        (moe.num_experts is None or (moe.moe_expert_capacity_factor is None and moe.moe_expert_capacity is None),
+         f"context_parallel_size ({cp}) > 1 does not combine with moe_expert_capacity_factor or moe_expert_capacity "
+         "yet (tokens would be dropped per rank's share of the sequence): use dropless routing"),
         (not config.parallelism.keyed_dropout,
          f"keyed_dropout does not combine with context_parallel_size ({cp}) > 1: its masks index whole sequences"),
     ]
@@ -173,17 +191,18 @@ def overlap_notes(par: ParallelismConfig, dp: int) -> list[str]:
     return notes
 
 
-def _expert_rules(config: TrainConfig, dp: int, ep: int) -> list[tuple[bool, str]]:
-    """Mixture-of-experts layout rules: ep divides the experts and the data-parallel size, and the layouts
-    expert parallelism does not combine with yet. Any tp works: the experts are replicated over it; so does
-    every ZeRO stage: FSDP2 shards the experts over expert_dp (`trainer.moe.parallel`)."""
+def _expert_rules(config: TrainConfig, dp: int, cp: int, ep: int) -> list[tuple[bool, str]]:
+    """Mixture-of-experts layout rules: ep divides the experts and the data-parallel x context-parallel size
+    (Megatron's expert layout draws the ep groups from those ranks). Any tp works: the experts are replicated
+    over it; so does every ZeRO stage: FSDP2 shards the experts over expert_dp (`trainer.moe.parallel`)."""
     moe = config.moe
     if moe.num_experts is None:
         return []
+    ranks = f"the data-parallel size ({dp})" + (f" x context_parallel_size ({cp})" if cp > 1 else "")
     return [
         (moe.num_experts % ep == 0,
          f"num_experts ({moe.num_experts}) is not divisible by expert_model_parallel_size ({ep})"),
-        (dp % ep == 0, f"the data-parallel size ({dp}) is not divisible by expert_model_parallel_size ({ep})"),
+        ((dp * cp) % ep == 0, f"{ranks} is not divisible by expert_model_parallel_size ({ep})"),
     ]
 
 

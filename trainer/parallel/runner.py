@@ -104,12 +104,14 @@ class ParallelModel:
         if self.keyed_dropout and "dropout_keys" not in inspect.signature(model.forward).parameters:
             raise TrainConfigError(f"keyed_dropout is not implemented for {type(model).__name__} models")
         recompute = as_recompute(checkpoint_activations)
+        # The expert layout (ep, expert_dp): the run's mesh, or under cp one of its own over the same ranks.
+        expert_mesh = dims.expert_mesh(mesh) if dims.ep > 1 else None
         for part in self.parts:
             if dims.tp > 1:
                 plan.apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
                 set_tensor_parallel(part, mesh.get_local_rank("tp"), parallelism.sequence_parallel)
             if dims.ep > 1:
-                apply_ep(part, mesh["ep"])
+                apply_ep(part, expert_mesh["ep"])
             if dims.cp > 1:
                 apply_cp(part, mesh.get_group("cp"))
             if recompute is not None:
@@ -120,7 +122,7 @@ class ParallelModel:
                 options = fsdp_options(self.zero_stage == FULL_SHARD_STAGE, self.cpu_offload, autocast_dtype,
                                        device.type, self.reduce_dtype)
                 if dims.ep > 1:  # the experts' own units first, over expert_dp: the blocks' then skip them
-                    apply_expert_fsdp(part, mesh["expert_dp"], dims.dp, options)
+                    apply_expert_fsdp(part, expert_mesh["expert_dp"], dims.replicas, options)
                 apply_fsdp(part, plan.blocks(part), mesh[dims.replica_dim], options)
         self._materialize(model, seed)
         self.forward_module: nn.Module = self.parts[0]
@@ -144,7 +146,7 @@ class ParallelModel:
         # whole model, so that every rank (every pipeline stage) reduces the same vector.
         self.auxiliary = auxiliary_modules(self.parts)
         self.auxiliary_kinds = metric_kinds(auxiliary_modules([model]))
-        self.expert_dp_group = mesh.get_group("expert_dp") if dims.ep > 1 else None
+        self.expert_dp_group = expert_mesh.get_group("expert_dp") if expert_mesh is not None else None
         # Context parallelism: this rank's share of every sequence, and the group its loss is the mean over.
         self.cp_group = mesh.get_group("cp") if dims.cp > 1 else None
         self.cp_layout = ContextLayout(dims.cp, mesh.get_local_rank("cp")) if dims.cp > 1 else None
@@ -284,7 +286,7 @@ class ParallelModel:
         if train and self.grad_group is not None:
             average_gradients((p for _, p in self._named), self.grad_group, self.reduce_dtype)
         if train and self.dims.ep > 1 and not self.uses_fsdp:  # FSDP2's expert units reduce them themselves
-            reduce_expert_grads([p for _, p in self._named], self.expert_dp_group, self.dims.dp)
+            reduce_expert_grads([p for _, p in self._named], self.expert_dp_group, self.dims.replicas)
         return total, self.has_last_stage
 
     def _begin_auxiliary(self, num_microbatches: int) -> None:
