@@ -6,7 +6,7 @@ layouts cp does not combine with, and the encoder families, are refused in one l
 
 By default CP 2 (GPT-2 and Llama-class) and CP 2 x TP 2 with sequence parallelism; ``pytest -m campaign`` adds
 CP 4, CP 2 x DP 2 (FSDP2), CP 2 x PP 2, CP 2 x TP 2 without sequence parallelism (GPT-2 and Llama-class) and
-CP 2 at ZeRO 1 and 3.
+CP 2 at ZeRO 1 and 3, and a checkpoint saved at CP 4 resumed at CP 2 and at TP 2.
 """
 
 from __future__ import annotations
@@ -100,3 +100,20 @@ def test_campaign_cp_layouts_follow_one_process(tiny_prefix, cache_dir, workdir,
     results |= dict(zip(four, run_in_processes(4, list(four.values()), workdir)))
     for name, result in results.items():
         assert_follows(result, references["llama" if name.startswith("llama") else "gpt2"])
+
+
+@pytest.mark.campaign
+@pytest.mark.timeout(3600)
+def test_campaign_a_checkpoint_saved_at_cp4_resumes_at_cp2_and_at_tp2(tiny_prefix, cache_dir, workdir, references,
+                                                                       tmp_path, request):
+    if not _campaign_selected(request.config):
+        pytest.skip("the CP 4 checkpoint's resumes run with `pytest -m campaign`")
+    save = str(tmp_path / "cp4")
+    first = run_in_processes(4, [gpt2(tiny_prefix, cache_dir, cp=4, train_iters=HALF_STEPS, save=save)], workdir)[0]
+    resumed = run_in_processes(2, [gpt2(tiny_prefix, cache_dir, cp=2, load=save),
+                                   gpt2(tiny_prefix, cache_dir, tp=2, load=save)], workdir)
+    reference = references["gpt2"]
+    assert first["losses"] == pytest.approx(reference["losses"][:HALF_STEPS], abs=TOLERANCE)
+    for result in resumed:
+        assert result["losses"] == pytest.approx(reference["losses"][HALF_STEPS:], abs=TOLERANCE)
+        assert result["grad_norms"] == pytest.approx(reference["grad_norms"][HALF_STEPS:], abs=TOLERANCE)
