@@ -15,14 +15,20 @@ REPO = Path(__file__).resolve().parents[2]
 # Seconds to wait for the first logged iteration, then for the process to end after the signal.
 START_TIMEOUT_S = 180
 EXIT_TIMEOUT_S = 120
+# Seconds for a process that did not end to print its stacks on SIGABRT.
+ABORT_TIMEOUT_S = 10
 # A log line of a training step (`trainer.metrics.writers.TrainStats.log_line`).
 STEP_LINE_MARKS = ("iteration", "consumed samples")
 
 
-def signalled_train(argv: list[str], signal_number: int) -> tuple[int, list[str]]:
-    """Run ``train argv`` in a subprocess, send ``signal_number`` to it (its launcher only, not its workers) once
-    it logs a step; (exit code, stderr lines). The process is killed if it outlives EXIT_TIMEOUT_S."""
-    process = subprocess.Popen([sys.executable, "-m", "trainer.cli.train", *argv], cwd=REPO,
+def signalled_train(argv: list[str], signal_number: int, whole_group: bool = False) -> tuple[int, list[str]]:
+    """Run ``train argv`` in a subprocess and send ``signal_number`` once it logs a step: to its launcher only, or,
+    with ``whole_group``, to every process of its group as a terminal's Ctrl-C does; (exit code, stderr lines).
+
+    The process runs with ``-X faulthandler``: one that does not end within EXIT_TIMEOUT_S of the signal is sent
+    SIGABRT, prints every thread's stack, and the call fails with them; the group is killed if it outlives that.
+    """
+    process = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "trainer.cli.train", *argv], cwd=REPO,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
     lines: list[str] = []
     started = threading.Event()
@@ -39,8 +45,19 @@ def signalled_train(argv: list[str], signal_number: int) -> tuple[int, list[str]
     try:
         if not started.wait(START_TIMEOUT_S) or process.poll() is not None:
             raise AssertionError("no step logged:\n" + "\n".join(lines[-20:]))
-        process.send_signal(signal_number)
-        code = process.wait(EXIT_TIMEOUT_S)
+        if whole_group:
+            os.killpg(process.pid, signal_number)
+        else:
+            process.send_signal(signal_number)
+        try:
+            code = process.wait(EXIT_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(ABORT_TIMEOUT_S)
+            reader.join(ABORT_TIMEOUT_S)
+            raise AssertionError(f"train did not end within {EXIT_TIMEOUT_S} s of the signal; its stacks:\n"
+                                 + "\n".join(lines[-60:])) from None
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
