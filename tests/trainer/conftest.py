@@ -42,6 +42,19 @@ def sentence_prefix(data_test, tmp_path_factory) -> str:
     return f"{prefix}_text_sentence"
 
 
+@pytest.fixture(scope="session")
+def wordpiece_sentences(data_test, tmp_path_factory) -> str:
+    """The sample documents, sentence-split with the WordPiece test vocabulary."""
+    from preprocess.cli import main as preprocess_data
+
+    prefix = tmp_path_factory.mktemp("bert_data") / "en"
+    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
+                            "--split-sentences", "--tokenizer-type", "BertWordPieceLowerCase",
+                            "--vocab-file", str(data_test / "tokenizers" / "wordpiece-vocab.txt"),
+                            "--workers", "1"]) == 0
+    return f"{prefix}_text_sentence"
+
+
 # The launch variables `train` takes its launch defaults from (CPM-Pretrain's and LiBai's scripts): a
 # machine that happens to export one (PORT is common) must not change what the tests run.
 LAUNCH_VARIABLES = ("GPUS_PER_NODE", "NNODES", "NODE", "NODE_RANK", "MASTER_ADDR", "ADDR", "MASTER_PORT", "PORT")

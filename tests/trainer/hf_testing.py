@@ -142,3 +142,14 @@ def job_train(tp: int, pp: int, source: str, save: str, steps: int) -> None:
         model.run(batches, train=True)
         optimizer.step()
     save_checkpoint(save, steps, {MODEL_PREFIX + n: p.detach() for n, p in model.named_parameters()})
+
+
+@torch.no_grad()
+def hf_loglikelihood(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
+    """A Hugging Face causal LM's log-likelihood of ``continuation`` after ``context`` (token ids), summed in
+    float64, and whether greedy decoding would produce it."""
+    ids = torch.tensor([context + continuation])
+    logits = model(ids[:, :-1]).logits[0, -len(continuation):].float()
+    target = torch.tensor(continuation)
+    log_prob = torch.log_softmax(logits, -1).gather(-1, target[:, None]).double().sum()
+    return float(log_prob), bool((logits.argmax(-1) == target).all())

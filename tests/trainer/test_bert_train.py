@@ -32,19 +32,6 @@ STEPS, HALF = 8, 4
 LEARNED = 0.3
 
 
-@pytest.fixture(scope="module")
-def wordpiece_sentences(data_test, tmp_path_factory) -> str:
-    """The sample documents, sentence-split with the WordPiece test vocabulary."""
-    from preprocess.cli import main as preprocess_data
-
-    prefix = tmp_path_factory.mktemp("bert_data") / "en"
-    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
-                            "--split-sentences", "--tokenizer-type", "BertWordPieceLowerCase",
-                            "--vocab-file", str(data_test / "tokenizers" / "wordpiece-vocab.txt"),
-                            "--workers", "1"]) == 0
-    return f"{prefix}_text_sentence"
-
-
 def bert_config(prefix: str, data_test, cache: str, *, train_iters: int = STEPS, save: str | None = None,
                 load: str | None = None, bf16: bool = False, binary_head: bool = True) -> TrainConfig:
     """A 2-layer BERT (width 32), 32 positions, global batch 4, no dropout."""

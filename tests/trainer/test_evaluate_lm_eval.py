@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 from evaluate_testing import LAMBADA_SAMPLE, PPL_RTOL, hf_tokenizer, tiny_hf  # noqa: F401
-from hf_testing import hf_model
+from hf_testing import hf_loglikelihood, hf_model
 
 from trainer.evaluation.harness import HarnessScorer, rolling_windows
 from trainer.evaluation.lambada import read_lambada
@@ -22,15 +22,6 @@ def scorer(tiny_hf):
     with open_eval_model(EvalModelConfig(load=str(tiny_hf), batch_size=4, progress=False),
                          resolve_scoring_source(str(tiny_hf), 1)) as model:
         yield HarnessScorer(model)
-
-
-@torch.no_grad()
-def hf_loglikelihood(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-    ids = torch.tensor([context + continuation])
-    logits = model(ids[:, :-1]).logits[0, -len(continuation):].float()
-    target = torch.tensor(continuation)
-    log_prob = torch.log_softmax(logits, -1).gather(-1, target[:, None]).double().sum()
-    return float(log_prob), bool((logits.argmax(-1) == target).all())
 
 
 def test_loglikelihood_equals_transformers_with_lm_evals_tokenisation(tiny_hf, scorer):

@@ -15,22 +15,13 @@ import sentencepiece
 import torch
 from evaluate_testing import PPL_RTOL, WIKI_SAMPLE
 from hf_llama_testing import SP_BPE, add_tokenizer_files, hf_llama, make_tiny_llama
-from hf_testing import prompt_batch
+from hf_testing import hf_loglikelihood, prompt_batch
 
 from trainer.cli.convert import main as convert
 from trainer.cli.evaluate import main as evaluate_cli
 from trainer.evaluation.harness import HarnessScorer
 from trainer.evaluation.scoring import EvalModelConfig, open_eval_model
 from trainer.models.dispatch import resolve_scoring_source
-
-
-@torch.no_grad()
-def hf_loglikelihood(model, context: list[int], continuation: list[int]) -> tuple[float, bool]:
-    ids = torch.tensor([context + continuation])
-    logits = model(ids[:, :-1]).logits[0, -len(continuation):].float()
-    target = torch.tensor(continuation)
-    log_prob = torch.log_softmax(logits, -1).gather(-1, target[:, None]).double().sum()
-    return float(log_prob), bool((logits.argmax(-1) == target).all())
 
 
 @pytest.mark.parametrize("variant", ["llama3", "mixtral"])

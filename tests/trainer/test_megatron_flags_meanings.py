@@ -30,19 +30,6 @@ def parse(argv: list[str]):
     return config_from_args(build_parser().parse_args(argv))
 
 
-@pytest.fixture(scope="module")
-def wordpiece_sentences(data_test, tmp_path_factory) -> str:
-    """The sample documents, sentence-split with the WordPiece test vocabulary."""
-    from preprocess.cli import main as preprocess_data
-
-    prefix = tmp_path_factory.mktemp("bert_data") / "en"
-    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
-                            "--split-sentences", "--tokenizer-type", "BertWordPieceLowerCase",
-                            "--vocab-file", str(data_test / "tokenizers" / "wordpiece-vocab.txt"),
-                            "--workers", "1"]) == 0
-    return f"{prefix}_text_sentence"
-
-
 @pytest.mark.parametrize("model", ["gpt", "t5", "bert"])
 def test_the_flag_leaves_the_tokenizer_type_to_the_model(model):
     assert parse([*SHAPE, "--model", model]).data.tokenizer_type is None
