@@ -13,6 +13,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
+
+from trainer.data.batches import IGNORE_INDEX, Vocabulary, step_iterator
+from trainer.models.gpt.data import build_datasets, collate
 
 # The brief's tiny model: 2 layers, hidden 64, 4 heads.
 TINY = {"n_layer": 2, "n_embd": 64, "n_head": 4, "n_positions": 128}
@@ -153,3 +157,23 @@ def hf_loglikelihood(model, context: list[int], continuation: list[int]) -> tupl
     target = torch.tensor(continuation)
     log_prob = torch.log_softmax(logits, -1).gather(-1, target[:, None]).double().sum()
     return float(log_prob), bool((logits.argmax(-1) == target).all())
+
+
+def hf_first_step_loss(config, model, padded_vocab_size: int, train_samples: int) -> float:
+    """transformers' ``model``'s mean micro-batch loss on the run's first global batch (one data-parallel rank;
+    the train split sized for ``train_samples``).
+
+    The trainer's padded vocabulary rows start at zero, so their logits are 0 and take part in the
+    softmax (as in Megatron): transformers' logits get the same zero columns.
+    """
+    vocabulary = Vocabulary(size=config.model.vocab_size, eod_id=None, pad_id=None)
+    global_batch, micro = config.training.global_batch_size, config.training.micro_batch_size
+    train_ds, _, _ = build_datasets(config.data, config.model.seq_length, vocabulary, (train_samples, 0, 0))
+    microbatches = next(step_iterator(train_ds, 0, micro, global_batch // micro, 0, 1, vocabulary.size, collate))
+    losses = []
+    with torch.no_grad():
+        for mb in microbatches:
+            logits = model(input_ids=mb.tokens, position_ids=mb.position_ids).logits
+            logits = F.pad(logits, (0, padded_vocab_size - logits.shape[-1]))
+            losses.append(F.cross_entropy(logits.flatten(0, 1), mb.targets.flatten(), ignore_index=IGNORE_INDEX))
+    return float(torch.stack(losses).mean())

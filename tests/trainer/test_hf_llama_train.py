@@ -14,16 +14,14 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from hf_llama_testing import VARIANTS, hf_llama, make_tiny_llama
+from hf_testing import hf_first_step_loss
 from trainer_testing import tiny_config
 
 from trainer.checkpoint.hf_files import read_hf_weights
 from trainer.cli.convert import main as convert_main
-from trainer.data.batches import IGNORE_INDEX, Vocabulary, step_iterator
 from trainer.errors import HFConversionError
 from trainer.models.gpt.convert import checkpoint_model, hf_train_defaults, read_checkpoint_state
-from trainer.models.gpt.data import build_datasets, collate
 from trainer.train import train
 
 STEPS = 2
@@ -44,19 +42,6 @@ def run_config(tiny_prefix, cache_dir, hf_dir, save):
                                checkpoint=dataclasses.replace(config.checkpoint, load_hf=str(hf_dir)))
 
 
-def hf_first_step_loss(config, hf_dir, padded_vocab_size: int) -> float:
-    """transformers' mean micro-batch loss on the run's first global batch (padded rows: zero logits)."""
-    vocabulary = Vocabulary(size=config.model.vocab_size, eod_id=None, pad_id=None)
-    global_batch, micro = config.training.global_batch_size, config.training.micro_batch_size
-    train_ds, _, _ = build_datasets(config.data, config.model.seq_length, vocabulary, (STEPS * global_batch, 0, 0))
-    microbatches = next(step_iterator(train_ds, 0, micro, global_batch // micro, 0, 1, vocabulary.size, collate))
-    model, losses = hf_llama(hf_dir), []
-    with torch.no_grad():
-        for mb in microbatches:
-            logits = model(input_ids=mb.tokens, position_ids=mb.position_ids).logits
-            logits = F.pad(logits, (0, padded_vocab_size - logits.shape[-1]))
-            losses.append(F.cross_entropy(logits.flatten(0, 1), mb.targets.flatten(), ignore_index=IGNORE_INDEX))
-    return float(torch.stack(losses).mean())
 
 
 @pytest.mark.parametrize("variant", TRAINED)
@@ -67,7 +52,7 @@ def test_load_hf_trains_from_the_hf_model_and_exports_as_it(tiny_prefix, cache_d
     # No router noise: the first step's loss is then transformers' (Mixtral's aux loss is not in its logits).
     config = dataclasses.replace(config, moe=dataclasses.replace(config.moe, moe_aux_loss_coeff=0.0))
     result = train(config)
-    assert result.losses[0] == pytest.approx(hf_first_step_loss(config, hf_dir, 384), abs=LOSS_TOLERANCE)
+    assert result.losses[0] == pytest.approx(hf_first_step_loss(config, hf_llama(hf_dir), 384, STEPS * config.training.global_batch_size), abs=LOSS_TOLERANCE)
 
     assert convert_main(["--from", str(tmp_path / "run"), "--to-hf", str(tmp_path / "exported")]) == 0
     exported = json.loads((tmp_path / "exported" / "config.json").read_text())

@@ -12,14 +12,11 @@ import dataclasses
 
 import pytest
 import torch
-import torch.nn.functional as F
-from hf_testing import DATA_TEST, hf_model, make_tiny_hf
+from hf_testing import DATA_TEST, hf_first_step_loss, hf_model, make_tiny_hf
 from trainer_testing import run_in_processes, tiny_config
 
 from trainer.cli.train import main as train_main
 from trainer.cli.convert import main as convert_main
-from trainer.data.batches import IGNORE_INDEX, Vocabulary, step_iterator
-from trainer.models.gpt.data import build_datasets, collate
 from trainer.models.gpt.convert import checkpoint_model, hf_train_defaults, read_checkpoint_state
 from trainer.checkpoint.hf_files import read_hf_weights
 from trainer.train import train
@@ -45,26 +42,6 @@ def run_config(tiny_prefix, cache_dir, hf_dir, **checkpoint):
                                checkpoint=dataclasses.replace(config.checkpoint, **checkpoint))
 
 
-def hf_first_step_loss(config, hf_dir, padded_vocab_size: int) -> float:
-    """transformers' mean micro-batch loss on the run's first global batch (one data-parallel rank).
-
-    The trainer's padded vocabulary rows start at zero, so their logits are 0 and take part in the
-    softmax (as in Megatron): transformers' logits get the same zero columns.
-    """
-    vocabulary = Vocabulary(size=config.model.vocab_size, eod_id=None, pad_id=None)
-    global_batch = config.training.global_batch_size
-    train_ds, _, _ = build_datasets(config.data, config.model.seq_length, vocabulary,
-                                    (STEPS * global_batch, 0, 0))
-    micro = config.training.micro_batch_size
-    microbatches = next(step_iterator(train_ds, 0, micro, global_batch // micro, 0, 1, vocabulary.size, collate))
-    model = hf_model(hf_dir)
-    losses = []
-    with torch.no_grad():
-        for mb in microbatches:
-            logits = model(input_ids=mb.tokens, position_ids=mb.position_ids).logits
-            logits = F.pad(logits, (0, padded_vocab_size - logits.shape[-1]))
-            losses.append(F.cross_entropy(logits.flatten(0, 1), mb.targets.flatten(), ignore_index=IGNORE_INDEX))
-    return float(torch.stack(losses).mean())
 
 
 def test_converted_checkpoint_trains_from_step_zero_like_load_hf(tiny_hf, tiny_prefix, cache_dir, tmp_path):
@@ -76,7 +53,8 @@ def test_converted_checkpoint_trains_from_step_zero_like_load_hf(tiny_hf, tiny_p
     assert from_converted.iteration == STEPS
     assert (tmp_path / "trained" / f"iter_{STEPS:07d}").is_dir()
     assert from_converted.losses == pytest.approx(from_hf.losses, abs=LOSS_TOLERANCE)
-    expected = hf_first_step_loss(run_config(tiny_prefix, cache_dir, tiny_hf), tiny_hf, PADDED_VOCAB)
+    hf_run = run_config(tiny_prefix, cache_dir, tiny_hf)
+    expected = hf_first_step_loss(hf_run, hf_model(tiny_hf), PADDED_VOCAB, STEPS * hf_run.training.global_batch_size)
     assert from_hf.losses[0] == pytest.approx(expected, abs=LOSS_TOLERANCE)
 
 
@@ -87,7 +65,7 @@ def test_load_hf_under_tensor_parallelism_starts_from_the_hf_weights(tiny_hf, ti
                                                                          tensor_model_parallel_size=2))
     [result] = run_in_processes(2, [config], workdir)
 
-    expected = hf_first_step_loss(config, tiny_hf, PADDED_VOCAB_TP2)
+    expected = hf_first_step_loss(config, hf_model(tiny_hf), PADDED_VOCAB_TP2, STEPS * config.training.global_batch_size)
     assert result["losses"][0] == pytest.approx(expected, abs=LOSS_TOLERANCE)
 
 
