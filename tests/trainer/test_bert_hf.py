@@ -13,7 +13,7 @@ import shutil
 import pytest
 import torch
 from hf_testing import LOGIT_TOLERANCE, seed_weights
-from test_bert_train import bert_config, wordpiece_sentences  # noqa: F401 (the fixture)
+from test_bert_train import bert_config
 
 from trainer.checkpoint.store import resolve_checkpoint
 from trainer.cli.convert import main as convert_main

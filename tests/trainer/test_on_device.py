@@ -23,7 +23,7 @@ import os
 
 import pytest
 import torch
-from test_bert_train import bert_config, wordpiece_sentences  # noqa: F401 (the fixture is used by name)
+from test_bert_train import bert_config
 from test_compile_and_kernels import COMPILE_RTOL, fresh_compiler, short_run  # noqa: F401 (fixture)
 from test_parity import TOLERANCE
 from trainer_testing import lr_after_steps, result_record, t5_config, tiny_config
@@ -98,7 +98,7 @@ def test_t5_follows_the_cpu_run_and_resumes(sentence_prefix, data_test, tmp_path
     assert_losses_close(resumed["losses"], cpu["losses"][HALF:], TOLERANCE)
 
 
-def test_bert_follows_the_cpu_run_and_resumes(wordpiece_sentences, data_test, tmp_path):  # noqa: F811
+def test_bert_follows_the_cpu_run_and_resumes(wordpiece_sentences, data_test, tmp_path):
     cache = str(tmp_path / "cache")
     cpu, device = cpu_and_device(bert_config(wordpiece_sentences, data_test, cache))
     assert_losses_close(device["losses"], cpu["losses"], TOLERANCE)
