@@ -46,6 +46,24 @@ def pytest_sessionstart(session):
     tempfile.tempdir = None  # recomputed from TMPDIR on next use
 
 
+def campaign_selected(config: pytest.Config) -> bool:
+    """Whether ``-m`` asks for the campaign (``-m campaign``, ``-m "campaign and slow"``; not ``"not campaign"``)."""
+    expression = config.getoption("markexpr") or ""
+    return "campaign" in expression and "not campaign" not in expression
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test marked ``campaign`` (an exhaustive grid, a minutes-long compile, a load-sensitive figure) is
+    skipped unless ``-m`` selects the campaign: the default run stays within its time budget, and names
+    what it left out."""
+    if campaign_selected(config):
+        return
+    skip = pytest.mark.skip(reason="runs with `pytest -m campaign`")
+    for item in items:
+        if item.get_closest_marker("campaign"):
+            item.add_marker(skip)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _saved_environment:
         os.environ.clear()

@@ -28,11 +28,6 @@ WRONG_OUTCOMES = [outcome for outcome in OUTCOMES if outcome not in ("clean_erro
 NUM_GOLDEN_SEQUENCES = 232
 
 
-def _full_campaign_selected(config) -> bool:
-    expression = config.getoption("markexpr") or ""
-    return "campaign" in expression and "not campaign" not in expression
-
-
 def _assert_no_wrong_outcome(counts, failures):
     assert {outcome: counts[outcome] for outcome in WRONG_OUTCOMES} == dict.fromkeys(WRONG_OUTCOMES, 0), \
         "\n".join(failures[:20])
@@ -46,9 +41,7 @@ def test_fast_campaign_no_traceback_hang_silent_success_or_leftover(tmp_path):
 
 
 @pytest.mark.campaign
-def test_full_campaign_no_traceback_hang_silent_success_or_leftover(tmp_path, request):
-    if not _full_campaign_selected(request.config):
-        pytest.skip("the full campaign runs with `pytest -m campaign`")
+def test_full_campaign_no_traceback_hang_silent_success_or_leftover(tmp_path):
     counts, failures = run_campaign(str(tmp_path), fast=False)
     assert counts["damages"] >= 200
     _assert_no_wrong_outcome(counts, failures)

@@ -18,7 +18,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
-from test_llama_parity import _campaign_selected
 from trainer_testing import LOSS_RTOL, result_record, t5_config, tiny_config
 
 from trainer.cli.train_args import build_parser, config_from_args
@@ -72,11 +71,9 @@ def test_compiled_gpt_trains_like_eager(tiny_prefix, cache_dir, fresh_compiler):
     assert_same_losses(result_record(compiled(config)), result_record(config))
 
 
+# The default suite compiles T5's blocks in test_moe_compile's Switch-T5 run (dense and expert layers).
 @pytest.mark.campaign
-def test_compiled_t5_trains_like_eager(sentence_prefix, data_test, tmp_path, fresh_compiler, request):
-    if not _campaign_selected(request.config):
-        # The default suite compiles T5's blocks in test_moe_compile's Switch-T5 run (dense and expert layers).
-        pytest.skip("the dense T5 compile runs with `pytest -m campaign`")
+def test_compiled_t5_trains_like_eager(sentence_prefix, data_test, tmp_path, fresh_compiler):
     config = short_run(t5_config(sentence_prefix, data_test, str(tmp_path / "cache")))
     assert_same_losses(result_record(compiled(config)), result_record(config))
 

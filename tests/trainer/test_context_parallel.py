@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_llama_parity import TOLERANCE, _campaign_selected, assert_follows, llama_config, with_parallelism
+from test_llama_parity import TOLERANCE, assert_follows, llama_config, with_parallelism
 from trainer_testing import result_record, run_in_processes, tiny_config
 
 from trainer.config import TrainConfig
@@ -90,9 +90,7 @@ CAMPAIGN_FOUR_PROCESS = {"cp4": {"cp": 4}, "cp2_dp2_fsdp": {"cp": 2, "zero_stage
 
 @pytest.mark.campaign
 @pytest.mark.timeout(3600)
-def test_campaign_cp_layouts_follow_one_process(tiny_prefix, cache_dir, workdir, references, request):
-    if not _campaign_selected(request.config):
-        pytest.skip("the wider context-parallel grid runs with `pytest -m campaign`")
+def test_campaign_cp_layouts_follow_one_process(tiny_prefix, cache_dir, workdir, references):
     two = {name: gpt2(tiny_prefix, cache_dir, cp=2, **layout) for name, layout in CAMPAIGN_TWO_PROCESS.items()}
     four = {name: gpt2(tiny_prefix, cache_dir, **layout) for name, layout in CAMPAIGN_FOUR_PROCESS.items()}
     four["llama_cp2_tp2"] = llama(tiny_prefix, cache_dir, cp=2, tp=2)
@@ -105,9 +103,7 @@ def test_campaign_cp_layouts_follow_one_process(tiny_prefix, cache_dir, workdir,
 @pytest.mark.campaign
 @pytest.mark.timeout(3600)
 def test_campaign_a_checkpoint_saved_at_cp4_resumes_at_cp2_and_at_tp2(tiny_prefix, cache_dir, workdir, references,
-                                                                       tmp_path, request):
-    if not _campaign_selected(request.config):
-        pytest.skip("the CP 4 checkpoint's resumes run with `pytest -m campaign`")
+                                                                       tmp_path):
     save = str(tmp_path / "cp4")
     first = run_in_processes(4, [gpt2(tiny_prefix, cache_dir, cp=4, train_iters=HALF_STEPS, save=save)], workdir)[0]
     resumed = run_in_processes(2, [gpt2(tiny_prefix, cache_dir, cp=2, load=save),

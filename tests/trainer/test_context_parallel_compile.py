@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 from test_compile_and_kernels import COMPILE_RTOL, STEPS, compiled, short_run
-from test_llama_parity import _campaign_selected, llama_config, with_parallelism
+from test_llama_parity import llama_config, with_parallelism
 from trainer_testing import run_in_processes, tiny_config
 
 CP = 2
@@ -23,10 +23,7 @@ CP = 2
 @pytest.mark.campaign
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
-def test_compiled_cp2_run_follows_the_eager_one(model, tiny_prefix, cache_dir, workdir, tmp_path, monkeypatch,
-                                                request):
-    if not _campaign_selected(request.config):
-        pytest.skip("compiling takes minutes on a CPU: runs with `pytest -m campaign`")
+def test_compiled_cp2_run_follows_the_eager_one(model, tiny_prefix, cache_dir, workdir, tmp_path, monkeypatch):
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the spawned processes inherit it
     base = tiny_config(tiny_prefix, cache_dir) if model == "gpt2" else llama_config(tiny_prefix, cache_dir)
     eager = with_parallelism(short_run(base), context_parallel_size=CP)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_llama_parity import _campaign_selected, with_parallelism
+from test_llama_parity import with_parallelism
 from trainer_testing import result_record, run_in_processes, tiny_config
 
 from trainer.config import MoEConfig, TrainConfig
@@ -85,9 +85,7 @@ CAMPAIGN_FOUR_PROCESS = {"cp2_dp2_ep2": {"cp": 2, "ep": 2}, "cp2_dp2_ep4": {"cp"
 
 @pytest.mark.campaign
 @pytest.mark.timeout(1800)
-def test_campaign_four_process_layouts_follow_one_process(tiny_prefix, cache_dir, workdir, references, request):
-    if not _campaign_selected(request.config):
-        pytest.skip("the 4-process context-parallel MoE layouts run with `pytest -m campaign`")
+def test_campaign_four_process_layouts_follow_one_process(tiny_prefix, cache_dir, workdir, references):
     configs = {name: moe_gpt(tiny_prefix, cache_dir, **layout) for name, layout in CAMPAIGN_FOUR_PROCESS.items()}
     for name, result in zip(configs, run_in_processes(4, list(configs.values()), workdir)):
         gap = max(abs(a - b) for a, b in zip(result["losses"], references["aux_loss"]["losses"]))

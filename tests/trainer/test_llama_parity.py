@@ -69,11 +69,6 @@ def assert_follows(result: dict, reference: dict, name: str = "") -> None:
         assert loss == pytest.approx(reference["eval_losses"][split], abs=TOLERANCE), f"{split} loss"
 
 
-def _campaign_selected(config) -> bool:
-    expression = config.getoption("markexpr") or ""
-    return "campaign" in expression and "not campaign" not in expression
-
-
 # -- the default grid ------------------------------------------------------------------------------------------
 # (name, two-process layout, experts)
 TWO_PROCESS = {
@@ -162,9 +157,7 @@ CAMPAIGN_FOUR_PROCESS = {
 
 @pytest.mark.campaign
 @pytest.mark.timeout(3600)
-def test_campaign_every_layout_follows_single_process(tiny_prefix, cache_dir, workdir, references, request):
-    if not _campaign_selected(request.config):
-        pytest.skip("the exhaustive layout grid runs with `pytest -m campaign`")
+def test_campaign_every_layout_follows_single_process(tiny_prefix, cache_dir, workdir, references):
     configs = {name: llama_config(tiny_prefix, cache_dir, experts=experts, **layout)
                for name, (layout, experts) in CAMPAIGN_TWO_PROCESS.items()}
     for stage in ZERO_STAGES:
@@ -184,10 +177,8 @@ def test_campaign_every_layout_follows_single_process(tiny_prefix, cache_dir, wo
 
 @pytest.mark.campaign
 @pytest.mark.timeout(1800)
-def test_campaign_keyed_dropout_layouts_follow_single_process(tiny_prefix, cache_dir, workdir, request):
+def test_campaign_keyed_dropout_layouts_follow_single_process(tiny_prefix, cache_dir, workdir):
     """With dropout on, keyed dropout draws the same masks in every layout (`trainer.parallel.keyed_dropout`)."""
-    if not _campaign_selected(request.config):
-        pytest.skip("the exhaustive layout grid runs with `pytest -m campaign`")
     keyed = lambda **layout: with_parallelism(  # noqa: E731
         llama_config(tiny_prefix, cache_dir, dropout=DROPOUT, **layout), keyed_dropout=True)
     reference = result_record(keyed())

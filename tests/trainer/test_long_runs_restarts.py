@@ -21,7 +21,6 @@ from pathlib import Path
 
 import pytest
 from long_runs_testing import EXIT_TIMEOUT_S, REPO, START_TIMEOUT_S, worker_ranks
-from test_llama_parity import _campaign_selected
 from trainer_testing import argv_for, tiny_config
 
 from trainer.metrics.records import METRICS_FILE_NAME
@@ -97,11 +96,8 @@ def _argv(tiny_prefix: str, cache_dir: str, save: Path, *extra: str, processes: 
 
 @pytest.mark.timeout(3 * (START_TIMEOUT_S + EXIT_TIMEOUT_S))
 @pytest.mark.parametrize("layout", ["dp2", pytest.param("tp2_pp2", marks=pytest.mark.campaign)])
-def test_a_killed_rank_restarts_the_run_which_ends_as_an_uninterrupted_one(layout, tiny_prefix, cache_dir, tmp_path,
-                                                                           request):
+def test_a_killed_rank_restarts_the_run_which_ends_as_an_uninterrupted_one(layout, tiny_prefix, cache_dir, tmp_path):
     processes, sizes = LAYOUTS[layout]
-    if layout != "dp2" and not _campaign_selected(request.config):
-        pytest.skip("the four-process layout runs with `pytest -m campaign`")
     straight = _Run(_argv(tiny_prefix, cache_dir, tmp_path / "straight", processes=processes, **sizes), processes)
     assert straight.finish() == 0, straight.lines[-20:]
     save = tmp_path / "restarted"
