@@ -29,14 +29,13 @@ import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
 
 from trainer.models.gpt.model import GPT, GPTShape
-from trainer.parallel.context import ContextLayout, apply_cp
+from trainer.parallel.context import GATHER_EVENT, REDUCE_SCATTER_EVENT, ContextLayout, apply_cp
 
 VOCAB = 256
 HEADS = 4
-# The profiler's events of the K/V gather (`trainer.parallel.context.gather_sequence`): its forward all-gather and
-# its backward reduce-scatter, each with the wait for the other ranks (gloo's collectives are asynchronous: the
-# c10d ops themselves only enqueue the work).
-COLLECTIVE_EVENTS = ("_GatherSequence", "_GatherSequenceBackward")
+# The profiler's events of the K/V gathers (forward and backward) and of the gradients' reduce-scatter, each with
+# the wait for the other ranks (gloo's collectives are asynchronous: the c10d ops themselves only enqueue the work).
+COLLECTIVE_EVENTS = (GATHER_EVENT, REDUCE_SCATTER_EVENT)
 LOCALHOST = "127.0.0.1"
 
 

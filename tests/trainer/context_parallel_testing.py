@@ -40,6 +40,43 @@ def attention_errors(seq_len: int, groups: int, seed: int = 0) -> dict[str, floa
     return errors
 
 
+def dropout_attention_errors(seq_len: int, groups: int, p: float = 0.5, seed: int = 0) -> dict[str, float]:
+    """Max abs difference of this rank's attention output and q/k/v gradients, with attention dropout ``p``, from
+    the same blocks differentiated by autograd directly (keys/values of the whole sequence on every rank, no
+    recompute, the same random state): the backward's recompute draws the forward's dropout masks, though other
+    draws come between."""
+    torch.manual_seed(seed)
+    q, k, v = (torch.randn(BATCH, heads, seq_len, HEAD_DIM, dtype=torch.float64)
+               for heads in (HEADS, groups, groups))
+    weight = torch.randn(BATCH, HEADS, seq_len, HEAD_DIM, dtype=torch.float64)
+    repeat = HEADS // groups
+    context = ContextParallel(dist.group.WORLD)
+    layout = context.layout
+    local_q, local_weight = layout.shard(q, dim=2).requires_grad_(), layout.shard(weight, dim=2)
+    full_k, full_v = k.clone().requires_grad_(), v.clone().requires_grad_()
+
+    def attend(q_block, k_block, v_block, mask):
+        return F.scaled_dot_product_attention(q_block, k_block, v_block, attn_mask=mask, dropout_p=p)
+
+    torch.manual_seed(seed + 1)
+    reference = torch.cat([attend(local_q[:, :, queries], full_k[:, :, :keys].repeat_interleave(repeat, 1),
+                                  full_v[:, :, :keys].repeat_interleave(repeat, 1), mask)
+                           for queries, keys, mask in context.blocks(seq_len // layout.size, q.dtype, q.device)], 2)
+    (reference * local_weight).sum().backward()
+    for full in (full_k, full_v):
+        dist.all_reduce(full.grad)  # every rank's queries used every rank's keys
+    local = [layout.shard(t, dim=2).requires_grad_() for t in (q, k, v)]
+    torch.manual_seed(seed + 1)
+    out = context.attention(*local, repeat, attend=attend)
+    torch.rand(7)  # other layers' draws between the forward and the backward
+    (out * local_weight).sum().backward()
+    errors = {"out": (out - reference).abs().max().item(),
+              "dq": (local[0].grad - local_q.grad).abs().max().item()}
+    for name, full, part in (("dk", full_k, local[1]), ("dv", full_v, local[2])):
+        errors[name] = (part.grad - layout.shard(full.grad, dim=2)).abs().max().item()
+    return errors
+
+
 def loss_error(seq_len: int, vocab: int = 16, seed: int = 0) -> float:
     """|sum over cp ranks of `context_parallel_loss` / cp - the sequence's mean loss|, with some targets ignored
     (unevenly over the ranks)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from context_parallel_testing import attention_errors, loss_error
+from context_parallel_testing import attention_errors, dropout_attention_errors, loss_error
 from process_testing import run_jobs
 from trainer.parallel.context import ContextLayout, block_causal_mask
 
@@ -58,8 +58,10 @@ def test_a_sequence_that_does_not_divide_is_refused():
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_gathered_attention_and_its_gradients_match_one_process(world_size, tmp_path):
     seq_len = 8 * world_size
-    # Multi-head (4 groups), grouped-query (2 groups) and multi-query (1 group) attention; the loss.
-    jobs = [(attention_errors, (seq_len, groups), {}) for groups in (4, 2, 1)] + [(loss_error, (seq_len,), {})]
+    # Multi-head (4 groups), grouped-query (2 groups) and multi-query (1 group) attention; with attention dropout
+    # (multi-head and grouped-query); the loss.
+    jobs = ([(attention_errors, (seq_len, groups), {}) for groups in (4, 2, 1)]
+            + [(dropout_attention_errors, (seq_len, groups), {}) for groups in (4, 2)] + [(loss_error, (seq_len,), {})])
     *attention, loss = run_jobs(world_size, jobs, tmp_path)
     for errors in attention:
         assert max(errors.values()) < TOLERANCE, errors

@@ -1,21 +1,22 @@
 """Context parallelism cuts a rank's activation memory with the sequence it holds: at CP 4 a rank's peak of
 activation bytes in one training step is at most 0.3x one process's (issue 32; the ideal is 0.25x, the rest
-is what attention over the whole sequence needs at once: one layer's gathered keys/values and one block mask).
+is what attention over the whole sequence needs: the gathered keys/values' buffer, which the run keeps).
 
 Measured as `test_pipeline_memory.py` measures pipeline stages (`peak_tensor_bytes`): the profiler's allocation
 record (every CPU allocation and free, in order, from the step's start) of one forward and backward of a
 micro-batch of one sequence, the first step (so that buffers allocated on first use are counted). One process
 (a model of its own in the first of 4 spawned gloo processes), then the 4 processes at CP 4, each measuring its
 own; the largest rank counts. A narrow model (GPT-2 shape, 2 blocks, width 64, vocabulary 512, fp32), so that
-the sequence-long activations, not the weights, are what is measured; at sequence 4,096 and the issue's 16,384,
-under ``pytest -m campaign``: gloo's worker threads free some of a collective's buffers themselves, and on a
-loaded machine one may go after the main thread's next allocation, or unrecorded (a spread of a buffer or two
-between runs). The blocked attention's exactness runs by default.
+the sequence-long activations, not the weights, are what is measured: at sequence 4,096 by default and at the
+issue's 16,384 under ``pytest -m campaign`` (both measured 0.280x on every rank, run after run: the collectives
+work in place on one buffer the run keeps, so no buffer's release is left to gloo's worker threads, which the
+record does not see).
 
 What makes it so: attention runs over blocks of `QUERY_BLOCK` local queries against the keys up to each block's
-end (no mask larger than a block by the sequence) and is recomputed in the backward, so no rank keeps the
-gathered keys and values; the blocks' result is one process's attention (checked with gradients, with chunks
-that do not divide into whole blocks)."""
+end (no mask larger than a block by the sequence); its backward gathers the keys and values again and runs each
+block again, accumulating the blocks' key/value gradients in one tensor of the sequence, so no rank keeps the
+gathered keys and values between the forward and the backward; the blocks' result is one process's attention
+(checked with gradients, with chunks that do not divide into whole blocks)."""
 
 from __future__ import annotations
 
@@ -84,10 +85,9 @@ def _assert_within_bound(single: int, ranks: list[int]) -> None:
                                         f"{single / 2**20:.1f} MiB ({peak / single:.3f}x)")
 
 
-@pytest.mark.campaign
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("seq_len", [FAST_SEQ, ISSUE_SEQ])
-def test_campaign_a_cp4_rank_holds_under_0_3x_one_process_activations(seq_len, tmp_path):
+@pytest.mark.parametrize("seq_len", [FAST_SEQ, pytest.param(ISSUE_SEQ, marks=pytest.mark.campaign)])
+def test_a_cp4_rank_holds_under_0_3x_one_process_activations(seq_len, tmp_path):
     _assert_within_bound(*measured_ratio(seq_len, tmp_path))
 
 

@@ -61,13 +61,22 @@ def _microbatches(family: str, count: int) -> list:
             for _ in range(count)]
 
 
+# The profiler's name of an allocation record's event (bytes allocated, or freed when negative).
+MEMORY_EVENT = "[memory]"
+
+
 def peak_tensor_bytes(step) -> int:
-    """The largest number of bytes CPU tensors allocated during ``step()`` held at once (from its start)."""
+    """The largest number of bytes CPU tensors allocated during ``step()`` held at once (from its start).
+
+    Every allocation and free in the order they happened (each `MEMORY_EVENT` at its own time, as the
+    profiler's memory timeline reads them), not the ops' net memory: an op's net usage dated at its start
+    hides the buffers it frees before it returns and misdates those it keeps."""
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         step()
+    records = [event for event in prof.profiler.kineto_results.events() if event.name() == MEMORY_EVENT]
     live = peak = 0
-    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
-        live += event.self_cpu_memory_usage
+    for event in sorted(records, key=lambda e: e.start_ns()):
+        live += event.nbytes()
         peak = max(peak, live)
     return peak
 
