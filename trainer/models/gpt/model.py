@@ -177,6 +177,13 @@ class Attention(nn.Module):
         # `trainer.parallel.context.apply_cp` sets the run's cp group here (None: no context parallelism).
         self.context_parallel = None
 
+    @property
+    def compile_parts_only(self) -> bool:
+        """Under context parallelism `trainer.parallel.parallelize.apply_compile` leaves this forward eager and
+        compiles the projections and norms inside (torchtitan's rule for MoE dispatch): the gathers, the blocks
+        and the backward that runs them again are Python of their own, not one graph."""
+        return self.context_parallel is not None
+
     def forward(self, x: torch.Tensor, kv_cache=None, dropout_keys: torch.Tensor | None = None,
                 rope: Rope | None = None, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
         """x: [batch, seq, hidden] -> [batch, seq, hidden]; ``dropout_keys``: the block's keyed-dropout keys;
