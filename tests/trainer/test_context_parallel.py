@@ -4,7 +4,8 @@ norms and valid/test losses within 1e-4 over 10 steps at sequence 1024 (2 blocks
 Llama-class shape: rotary positions, grouped-query attention); checkpoints do not depend on cp (saved at CP 2, resumed at CP 1);
 layouts cp does not combine with, and the encoder families, are refused in one line.
 
-By default CP 2 (GPT-2 and Llama-class) and CP 2 x TP 2 with sequence parallelism; ``pytest -m campaign`` adds
+By default CP 2 (GPT-2 and Llama-class; GPT-2 with activation recomputation, and with attention dropout recomputed
+and not: the same losses) and CP 2 x TP 2 with sequence parallelism; ``pytest -m campaign`` adds
 CP 4, CP 2 x DP 2 (FSDP2), CP 2 x PP 2, CP 2 x TP 2 without sequence parallelism (GPT-2 and Llama-class) and
 CP 2 at ZeRO 1 and 3, and a checkpoint saved at CP 4 resumed at CP 2 and at TP 2.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from test_llama_parity import TOLERANCE, assert_follows, llama_config, with_parallelism
+from test_llama_parity import TOLERANCE, assert_follows, llama_config, with_parallelism, with_switches
 from trainer_testing import result_record, run_in_processes, tiny_config
 
 from trainer.config import TrainConfig
@@ -24,6 +25,9 @@ SEQ_LENGTH = 1024
 HALF_STEPS = 5
 # Two blocks keep a 1024-token run fast on a CPU; every block's attention goes through the same gather.
 NUM_LAYERS = 2
+ATTENTION_DROPOUT = 0.1
+# The least change of some loss that shows the dropout masks were drawn (runs repeat to the bit without them).
+DROPOUT_MOVES_LOSSES = 1e-6
 
 
 def long_sequence(config: TrainConfig, cp: int = 1, **parallelism) -> TrainConfig:
@@ -46,9 +50,17 @@ def references(tiny_prefix, cache_dir) -> dict:
     return {"gpt2": result_record(gpt2(tiny_prefix, cache_dir)), "llama": result_record(llama(tiny_prefix, cache_dir))}
 
 
+def with_attention_dropout(config: TrainConfig) -> TrainConfig:
+    return dataclasses.replace(config, model=dataclasses.replace(config.model, attention_dropout=ATTENTION_DROPOUT))
+
+
 @pytest.fixture(scope="module")
 def two_process(tiny_prefix, cache_dir, workdir) -> dict:
-    configs = {"gpt2": gpt2(tiny_prefix, cache_dir, cp=2), "llama": llama(tiny_prefix, cache_dir, cp=2)}
+    cp2 = gpt2(tiny_prefix, cache_dir, cp=2)
+    configs = {"gpt2": cp2, "llama": llama(tiny_prefix, cache_dir, cp=2),
+               "gpt2_recompute": with_switches(cp2, checkpoint_activations=True),
+               "gpt2_dropout": with_attention_dropout(cp2),
+               "gpt2_dropout_recompute": with_attention_dropout(with_switches(cp2, checkpoint_activations=True))}
     return dict(zip(configs, run_in_processes(2, list(configs.values()), workdir)))
 
 
@@ -63,6 +75,22 @@ def test_the_long_sequence_references_learn(references):
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
 def test_cp2_follows_one_process(model, two_process, references):
     assert_follows(two_process[model], references[model])
+
+
+@pytest.mark.timeout(900)
+def test_cp2_with_activation_recomputation_follows_one_process(two_process, references):
+    assert_follows(two_process["gpt2_recompute"], references["gpt2"])
+
+
+@pytest.mark.timeout(900)
+def test_recomputed_layers_draw_the_attention_dropout_masks_of_their_forward(two_process):
+    # The checkpointed block's forward runs twice and the attention's backward runs its blocks again: every
+    # run draws the forward's masks, so recomputation changes nothing.
+    assert_follows(two_process["gpt2_dropout_recompute"], two_process["gpt2_dropout"])
+    # Dropout is on: the losses move (a few 1e-5 at probability 0.1 on this tiny model's near-uniform attention;
+    # the same run without it repeats to the bit).
+    moved = max(abs(a - b) for a, b in zip(two_process["gpt2_dropout"]["losses"], two_process["gpt2"]["losses"]))
+    assert moved > DROPOUT_MOVES_LOSSES
 
 
 @pytest.mark.timeout(900)

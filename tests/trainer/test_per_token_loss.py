@@ -29,13 +29,14 @@ from trainer_testing import TINY_VOCAB, argv_for, result_record, run_in_processe
 from indexed_dataset import IndexedDatasetWriter
 from trainer.cli.train import main
 from trainer.config import ParallelismConfig
-from trainer.data.batches import IGNORE_INDEX
+from trainer.data.batches import IGNORE_INDEX, token_cross_entropy
 from trainer.models.gpt.data import GPTMicroBatch
 from trainer.models.gpt.model import GPTShape
 from trainer.models.gpt.spec import PLAN
 from trainer.optim.grads import reduce_loss
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.runner import ParallelModel
+from trainer.parallel.token_loss import weighted_token_loss
 from trainer.train import train
 
 STEPS = 4
@@ -110,6 +111,20 @@ def assert_gradients_close(got: dict[str, torch.Tensor], want: dict[str, torch.T
     scale = max(float(g.abs().max()) for g in want.values())
     for name in want:
         torch.testing.assert_close(got[name], want[name], rtol=HAND_RTOL, atol=HAND_RTOL * scale, msg=name)
+
+
+def test_a_share_without_loss_tokens_weighs_zero_with_finite_gradients():
+    """`weighted_token_loss` of a share whose every target is ignored (a cp rank's chunks, a micro-batch of
+    end-of-document targets): 0, with zero gradients, not NaN; otherwise the mean times count / tokens_per_loss."""
+    logits = torch.randn(1, 6, TINY_VOCAB, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    targets = torch.full((1, 6), IGNORE_INDEX)
+    loss = weighted_token_loss(token_cross_entropy, logits, targets, 4.0)
+    loss.backward()
+    assert loss.item() == 0.0 and torch.equal(logits.grad, torch.zeros_like(logits))
+    targets[0, :3] = torch.tensor([1, 2, 3])
+    weighted = weighted_token_loss(token_cross_entropy, logits, targets, 4.0)
+    # float32 (token_cross_entropy's dtype): the weighting adds one rounding, 6e-8 relative.
+    assert weighted.item() == pytest.approx(token_cross_entropy(logits, targets).item() * 3 / 4, rel=1e-6)
 
 
 def test_one_process_equals_the_mean_over_all_tokens_by_hand():

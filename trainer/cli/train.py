@@ -102,6 +102,7 @@ def _worker(config: TrainConfig) -> int:
     if config.training.device != "cuda" and "OMP_NUM_THREADS" not in os.environ:
         # What torchrun does for several processes per node: one intra-op thread each.
         torch.set_num_threads(1)
+    signal.signal(signal.SIGINT, _interrupt_once)
     _setup_logging(int(os.environ.get("RANK", "0")), config.observability.logging_level)
     try:
         train(config)
@@ -109,6 +110,15 @@ def _worker(config: TrainConfig) -> int:
         ErrorHandler().record_exception(error)
         raise SystemExit(EXIT_ERROR) from None
     return 0
+
+
+def _interrupt_once(signal_number: int, frame: object) -> None:
+    """A worker's SIGINT: KeyboardInterrupt the first time (train saves nothing half-written and torch's worker
+    wrapper ends the process quietly), ignored after. A terminal's Ctrl-C reaches the whole process group and the
+    launcher forwards it to its workers again: that second one must cut neither the first one's cleanup nor, once
+    the worker has returned, its exit (a KeyboardInterrupt there prints multiprocessing's traceback)."""
+    signal.signal(signal_number, signal.SIG_IGN)
+    raise KeyboardInterrupt
 
 
 def _failure_message(error: ChildFailedError) -> str:

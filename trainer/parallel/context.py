@@ -104,6 +104,12 @@ def block_causal_mask(rows: int, seq_len: int, dtype: torch.dtype, device: torch
     return mask
 
 
+# The single-tensor collectives: torch 2.13 names them ``*_single`` (the older names warn); earlier releases of the
+# declared torch range have only the older names.
+_ALL_GATHER_TENSOR = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_REDUCE_SCATTER_TENSOR = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
 def _all_gather_into(out: torch.Tensor, local: torch.Tensor, group: dist.ProcessGroup) -> None:
     """Every rank's ``local`` (contiguous) into ``out``, concatenated along dim 0 in rank order (no autograd)."""
     size, rank, length = dist.get_world_size(group), dist.get_rank(group), local.shape[0]
@@ -115,7 +121,7 @@ def _all_gather_into(out: torch.Tensor, local: torch.Tensor, group: dist.Process
             for source in range(size):
                 dist.broadcast(out[source * length:(source + 1) * length], group_src=source, group=group)
         else:
-            dist.all_gather_single(out, local, group=group)
+            _ALL_GATHER_TENSOR(out, local, group=group)
 
 
 def _reduce_scatter(full: torch.Tensor, group: dist.ProcessGroup) -> torch.Tensor:
@@ -131,7 +137,7 @@ def _reduce_scatter(full: torch.Tensor, group: dist.ProcessGroup) -> torch.Tenso
                             group=group)
             return full[rank * length:(rank + 1) * length].clone()
         local = full.new_empty((length, *full.shape[1:]))
-        dist.reduce_scatter_single(local, full, group=group)
+        _REDUCE_SCATTER_TENSOR(local, full, group=group)
     return local
 
 

@@ -52,10 +52,10 @@ def weighted_token_loss(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Te
         tokens_per_loss: the loss tokens one returned value stands for (see the module docstring); > 0.
     """
     count = loss_token_count(targets)
-    if int(count) == 0:
-        # No target here: the mean would be NaN. A finite stand-in times 0 adds nothing and keeps any
-        # collective inside loss_fn (tensor parallelism's loss_parallel) in step with the other ranks.
-        return loss_fn(outputs, torch.zeros_like(targets)) * 0.0
+    # With no target here the mean would be NaN (and its gradient too): the loss of a finite stand-in (every
+    # target 0) times the count 0 adds nothing, and keeps any collective inside loss_fn (tensor parallelism's
+    # loss_parallel) in step with the other ranks. Chosen on the device, so no micro-batch waits for the count.
+    targets = torch.where(count > 0, targets, torch.zeros_like(targets))
     return loss_fn(outputs, targets) * (count / tokens_per_loss)
 
 
