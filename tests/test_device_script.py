@@ -53,7 +53,8 @@ def figures(dry_run) -> dict:
     return json.loads((dry_run[1] / "figures.json").read_text())
 
 
-def _assert_every_step_ok(run: subprocess.CompletedProcess, out: Path, figures: dict, steps: tuple[str, ...]):
+def _assert_every_step_ok(run: subprocess.CompletedProcess, out: Path, figures: dict,
+                          steps: tuple[str, ...]) -> None:
     statuses = {name: step["status"] for name, step in figures["steps"].items()}
     assert statuses == dict.fromkeys(steps, "ok"), {name: figures["steps"][name].get("error") for name in statuses}
     assert run.returncode == 0, run.stderr

@@ -6,7 +6,7 @@ layouts cp does not combine with, and the encoder families, are refused in one l
 
 By default CP 2 (GPT-2 and Llama-class; GPT-2 with activation recomputation, and with attention dropout recomputed
 and not: the same losses) and CP 2 x TP 2 with sequence parallelism; ``pytest -m campaign`` adds
-CP 4, CP 2 x DP 2 (FSDP2), CP 2 x PP 2, CP 2 x TP 2 without sequence parallelism (GPT-2 and Llama-class) and
+CP 4, CP 2 x DP 2 (FSDP2), CP 2 x PP 2, CP 2 x TP 2 without sequence parallelism (each GPT-2 and Llama-class) and
 CP 2 at ZeRO 1 and 3, and a checkpoint saved at CP 4 resumed at CP 2 and at TP 2.
 """
 
@@ -36,13 +36,13 @@ def long_sequence(config: TrainConfig, cp: int = 1, **parallelism) -> TrainConfi
     return with_parallelism(dataclasses.replace(config, model=model), context_parallel_size=cp, **parallelism)
 
 
-def gpt2(prefix: str, cache: str, cp: int = 1, **layout) -> TrainConfig:
-    parallelism = {k: layout.pop(k) for k in ("zero_stage",) if k in layout}
-    return long_sequence(tiny_config(prefix, cache, eval_iters=1, num_layers=NUM_LAYERS, **layout), cp, **parallelism)
+def gpt2(prefix: str, cache: str, cp: int = 1, zero_stage: int = 0, **layout) -> TrainConfig:
+    return long_sequence(tiny_config(prefix, cache, eval_iters=1, num_layers=NUM_LAYERS, **layout), cp,
+                         zero_stage=zero_stage)
 
 
-def llama(prefix: str, cache: str, cp: int = 1, **layout) -> TrainConfig:
-    return long_sequence(llama_config(prefix, cache, num_layers=NUM_LAYERS, **layout), cp)
+def llama(prefix: str, cache: str, cp: int = 1, zero_stage: int = 0, **layout) -> TrainConfig:
+    return long_sequence(llama_config(prefix, cache, num_layers=NUM_LAYERS, **layout), cp, zero_stage=zero_stage)
 
 
 @pytest.fixture(scope="module")
@@ -119,13 +119,13 @@ CAMPAIGN_FOUR_PROCESS = {"cp4": {"cp": 4}, "cp2_dp2_fsdp": {"cp": 2, "zero_stage
 @pytest.mark.campaign
 @pytest.mark.timeout(3600)
 def test_campaign_cp_layouts_follow_one_process(tiny_prefix, cache_dir, workdir, references):
-    two = {name: gpt2(tiny_prefix, cache_dir, cp=2, **layout) for name, layout in CAMPAIGN_TWO_PROCESS.items()}
-    four = {name: gpt2(tiny_prefix, cache_dir, **layout) for name, layout in CAMPAIGN_FOUR_PROCESS.items()}
-    four["llama_cp2_tp2"] = llama(tiny_prefix, cache_dir, cp=2, tp=2)
+    two = {("gpt2", name): gpt2(tiny_prefix, cache_dir, cp=2, **layout) for name, layout in CAMPAIGN_TWO_PROCESS.items()}
+    four = {(model, name): build(tiny_prefix, cache_dir, **layout)
+            for model, build in (("gpt2", gpt2), ("llama", llama)) for name, layout in CAMPAIGN_FOUR_PROCESS.items()}
     results = dict(zip(two, run_in_processes(2, list(two.values()), workdir)))
     results |= dict(zip(four, run_in_processes(4, list(four.values()), workdir)))
-    for name, result in results.items():
-        assert_follows(result, references["llama" if name.startswith("llama") else "gpt2"])
+    for (model, name), result in results.items():
+        assert_follows(result, references[model], f"{model} {name}")
 
 
 @pytest.mark.campaign
