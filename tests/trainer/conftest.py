@@ -29,30 +29,30 @@ def reference(tiny_prefix, cache_dir) -> dict:
     return result_record(tiny_config(tiny_prefix, cache_dir, eval_iters=1))
 
 
+def _sentence_split(data_test, tmp_path_factory, folder: str, tokenizer: list[str]) -> str:
+    """The sample documents, sentence-split by `preprocess-data` with the ``tokenizer`` flags; the prefix."""
+    from preprocess.cli import main as preprocess_data
+
+    prefix = tmp_path_factory.mktemp(folder) / "en"
+    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
+                            "--split-sentences", *tokenizer, "--workers", "1"]) == 0
+    return f"{prefix}_text_sentence"
+
+
 @pytest.fixture(scope="session")
 def sentence_prefix(data_test, tmp_path_factory) -> str:
     """The sample documents, sentence-split with the SentencePiece test model (the T5 runs' data)."""
-    from preprocess.cli import main as preprocess_data
-
-    prefix = tmp_path_factory.mktemp("t5_data") / "en"
-    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
-                            "--split-sentences", "--tokenizer-type", "SentencePieceTokenizer",
-                            "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model"),
-                            "--workers", "1"]) == 0
-    return f"{prefix}_text_sentence"
+    return _sentence_split(data_test, tmp_path_factory, "t5_data", [
+        "--tokenizer-type", "SentencePieceTokenizer",
+        "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model")])
 
 
 @pytest.fixture(scope="session")
 def wordpiece_sentences(data_test, tmp_path_factory) -> str:
     """The sample documents, sentence-split with the WordPiece test vocabulary."""
-    from preprocess.cli import main as preprocess_data
-
-    prefix = tmp_path_factory.mktemp("bert_data") / "en"
-    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(prefix),
-                            "--split-sentences", "--tokenizer-type", "BertWordPieceLowerCase",
-                            "--vocab-file", str(data_test / "tokenizers" / "wordpiece-vocab.txt"),
-                            "--workers", "1"]) == 0
-    return f"{prefix}_text_sentence"
+    return _sentence_split(data_test, tmp_path_factory, "bert_data", [
+        "--tokenizer-type", "BertWordPieceLowerCase",
+        "--vocab-file", str(data_test / "tokenizers" / "wordpiece-vocab.txt")])
 
 
 # The launch variables `train` takes its launch defaults from (CPM-Pretrain's and LiBai's scripts): a
