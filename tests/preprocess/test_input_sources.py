@@ -175,7 +175,7 @@ def test_columnar_chunks_travel_to_worker_processes_with_only_their_rows(tmp_pat
     source = write_input(str(tmp_path / "in.arrow"), "arrow-stream", DOCUMENTS)
     assert run(tmp_path, [source], "--workers", "2") == 0
     assert same_dataset(str(tmp_path / "out_text_document"), reference)
-    big = pa.record_batch({"text": ["x" * 100] * 10_000})
+    big = pa.RecordBatch.from_pydict({"text": ["x" * 100] * 10_000})
     chunk = RecordBatchChunk("big.arrow", 5, big.slice(5, 10), 0)
     copy = pickle.loads(pickle.dumps(chunk))
     assert copy.batch.equals(chunk.batch) and (copy.source, copy.first_row) == ("big.arrow", 5)

@@ -444,7 +444,9 @@ class T5(nn.Module):
 
         The first stage takes (encoder_input_ids, decoder_input_ids, encoder_attention_mask) and
         embeds both id sequences (the embedding then lives on one stage only). Stages send
-        encoder stages: (encoder hidden, decoder embeddings, encoder table rows, memory bias);
+        encoder stages: (encoder hidden, decoder embeddings, encoder table rows, memory bias), the stage
+        holding the last encoder layer the same without the table rows (no later stage reads them: a received
+        tensor that gets no gradient is an error to torch < 2.13's schedules);
         decoder stages: (decoder hidden, encoder output, decoder table rows, memory bias);
         the last stage returns logits. The stage holding the first decoder layer finishes the
         encoder (its final norm). Each position-bias table lives on one stage; what travels is its rows
@@ -459,8 +461,10 @@ class T5(nn.Module):
             decoder_h = self.outer_dropout(self.shared(decoder_ids), dropout_keys, DECODER_EMBEDDING_SITE)
             encoder_rows = self.encoder_position_bias.rows()
             memory_bias = padding_bias(mask, h.dtype)
-        elif self.decoder_position_bias is not None or self.encoder_layers:
+        elif self.encoder_layers:
             h, decoder_h, encoder_rows, memory_bias = inputs
+        elif self.decoder_position_bias is not None:
+            h, decoder_h, memory_bias = inputs
         else:
             decoder_h, memory, decoder_rows, memory_bias = inputs
         if self.encoder_layers:
@@ -471,6 +475,8 @@ class T5(nn.Module):
             decoder_rows = self.decoder_position_bias.rows()
         elif self.encoder_layers or self.shared is not None:
             # The decoder embeddings only pass through encoder stages (`settled`).
+            if str(self.shape.num_encoder_layers - 1) in self.encoder_layers:
+                return h, settled(decoder_h), memory_bias
             return h, settled(decoder_h), encoder_rows, memory_bias
         decoder_length = decoder_h.shape[1] * self.sequence_shards
         decoder_bias = self.decoder_bias(decoder_length, 0, decoder_h.dtype, decoder_rows)
