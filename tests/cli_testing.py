@@ -6,6 +6,20 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the same parser, as the tomli backport (`[test]` installs it there)
+    import tomli as tomllib
+
+PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"
+
+
+def console_scripts() -> dict[str, str]:
+    """Script name -> its module (``train`` -> ``trainer.cli.train``), from pyproject.toml."""
+    scripts = tomllib.loads(PYPROJECT.read_text())["project"]["scripts"]
+    return {name: target.split(":")[0] for name, target in scripts.items()}
 
 
 def refused(main: Callable[[list[str]], int], argv: list[str], capsys, prog: str) -> str:

@@ -10,11 +10,12 @@ the table names every command of pyproject.toml's [project.scripts].
 from __future__ import annotations
 
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
 import torch
+
+from cli_testing import console_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "api.md"
@@ -28,7 +29,7 @@ def python_blocks() -> list[str]:
 
 
 def test_the_page_names_every_command():
-    scripts = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"])
+    scripts = set(console_scripts())
     named = set(TABLE_ROW.findall(PAGE.read_text(encoding="utf-8")))
     assert scripts <= named, sorted(scripts - named)
 

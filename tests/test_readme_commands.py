@@ -19,11 +19,12 @@ from __future__ import annotations
 import importlib
 import re
 import shlex
-import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from cli_testing import console_scripts
 
 ROOT = Path(__file__).resolve().parent.parent
 READMES = ("README.md", "README.zh-CN.md")
@@ -35,12 +36,6 @@ ENVIRONMENT_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 # The launch variables `train` reads its defaults from (CPM-Pretrain's and LiBai's): a README line may set
 # them, and the machine running the tests must not.
 LAUNCH_VARIABLES = ("GPUS_PER_NODE", "NNODES", "NODE", "NODE_RANK", "MASTER_ADDR", "ADDR", "MASTER_PORT", "PORT")
-
-
-def console_scripts() -> dict[str, str]:
-    """Script name -> its module (``train`` -> ``trainer.cli.train``)."""
-    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    return {name: target.split(":")[0] for name, target in scripts.items()}
 
 
 @dataclass(frozen=True)
