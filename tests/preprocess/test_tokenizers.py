@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -42,10 +43,19 @@ def tokenizer_file(*parts: str) -> str:
     return os.path.join(TOKENIZERS, *parts)
 
 
-def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast():
+def hub_directory(tmp_path, files: dict[str, str]) -> str:
+    """A folder laid out as a Hugging Face model's (hub file name -> our file), which `from_pretrained` reads the
+    same way in transformers 4 and 5 (their constructors name the vocabulary arguments differently)."""
+    for name, source in files.items():
+        shutil.copyfile(source, tmp_path / name)
+    return str(tmp_path)
+
+
+def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast(tmp_path):
     ours = build_tokenizer(TokenizerConfig(tokenizer_type="GPT2BPETokenizer", vocab_file=GPT2_VOCAB,
                                            merge_file=GPT2_MERGES))
-    reference = transformers.GPT2TokenizerFast(vocab=GPT2_VOCAB, merges=GPT2_MERGES)
+    reference = transformers.GPT2TokenizerFast.from_pretrained(
+        hub_directory(tmp_path, {"vocab.json": GPT2_VOCAB, "merges.txt": GPT2_MERGES}))
     assert (ours.vocab_size, ours.eod, ours.pad) == (50257, 50256, None)
     for text in TEXTS:
         assert ours.encode(text) == reference(text).input_ids, text[:40]
@@ -56,10 +66,11 @@ def test_gpt2_ids_equal_transformers_gpt2_tokenizer_fast():
 
 
 @pytest.mark.parametrize("kind", ["BertWordPieceLowerCase", "BertWordPieceCase"])
-def test_wordpiece_ids_equal_bert_tokenizer_fast(kind):
+def test_wordpiece_ids_equal_bert_tokenizer_fast(kind, tmp_path):
     vocab = tokenizer_file("wordpiece-vocab.txt")
     ours = build_tokenizer(TokenizerConfig(tokenizer_type=kind, vocab_file=vocab))
-    reference = transformers.BertTokenizerFast(vocab=vocab, do_lower_case=kind == "BertWordPieceLowerCase")
+    reference = transformers.BertTokenizerFast.from_pretrained(hub_directory(tmp_path, {"vocab.txt": vocab}),
+                                                               do_lower_case=kind == "BertWordPieceLowerCase")
     assert ours.vocab_size == len(reference)
     assert (ours.eod, ours.pad) == (reference.sep_token_id, reference.pad_token_id)
     batch = ours.encode_batch(TEXTS)

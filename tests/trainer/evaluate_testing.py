@@ -45,7 +45,8 @@ def checkpoint(tiny_hf, tmp_path_factory) -> Path:
 def hf_tokenizer(directory: Path):
     from transformers import GPT2TokenizerFast
 
-    return GPT2TokenizerFast(vocab=str(directory / "vocab.json"), merges=str(directory / "merges.txt"))
+    # from_pretrained reads vocab.json and merges.txt alike in transformers 4 and 5 (the constructors differ).
+    return GPT2TokenizerFast.from_pretrained(str(directory))
 
 
 @torch.no_grad()
