@@ -446,7 +446,7 @@ class T5(nn.Module):
         embeds both id sequences (the embedding then lives on one stage only). Stages send
         encoder stages: (encoder hidden, decoder embeddings, encoder table rows, memory bias), the stage
         holding the last encoder layer the same without the table rows (no later stage reads them: a received
-        tensor that gets no gradient is an error to torch < 2.13's schedules);
+        tensor that gets no gradient is an error to torch 2.11's schedules);
         decoder stages: (decoder hidden, encoder output, decoder table rows, memory bias);
         the last stage returns logits. The stage holding the first decoder layer finishes the
         encoder (its final norm). Each position-bias table lives on one stage; what travels is its rows
