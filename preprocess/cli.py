@@ -21,7 +21,7 @@ from indexed_dataset.formats import FORMATS
 from .cli_common import end_program, setup_logging
 from .config import DATASET_IMPLS, DEFAULT_LANG, TOKEN_DTYPE_RULES, PreprocessConfig
 from .fanout import rank_from_environment
-from .inputs import DEFAULT_CHUNK_BYTES
+from .inputs import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_LINE_MB
 from .pipeline import preprocess_data
 from .tokenizers.config import dataclass_from_args
 from .tokenizers.flags import add_tokenizer_arguments, tokenizer_config_from_args
@@ -89,6 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
                               "(counted per finished chunk of --chunk-bytes; a terminal shows a bar instead)")
     runtime.add_argument("--chunk-bytes", type=int, default=DEFAULT_CHUNK_BYTES, metavar="BYTES",
                          help="bytes of input per tokenizing task")
+    runtime.add_argument("--max-line-mb", type=int, default=DEFAULT_MAX_LINE_MB, metavar="MB",
+                         help="the longest JSON line read, in MiB: a longer one (lost newlines, an endless stream) "
+                              "stops the run with its file, line and byte offset, before memory runs out")
     return parser
 
 

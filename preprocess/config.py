@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from indexed_dataset.arrow import DEFAULT_SHARD_SIZE
 from indexed_dataset.formats import FORMATS, dataset_path
 
-from .inputs import DEFAULT_CHUNK_BYTES
+from .inputs import DEFAULT_CHUNK_BYTES, DEFAULT_MAX_LINE_MB
 from .sentences import SUPPORTED_LANGUAGES
 from .tokenizers import TokenizerConfig
 from .workers import DEFAULT_ENCODER_MEMORY_LIMIT_MB
@@ -61,6 +61,8 @@ class PreprocessConfig:
     """Megatron's output implementation; only "mmap" exists."""
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
     """Bytes of input per task."""
+    max_line_mb: int = DEFAULT_MAX_LINE_MB
+    """The longest JSON line read (MiB); a longer one stops the run with its file, line and byte offset."""
     hf_dataset: str | None = None
     """Read `datasets.load_dataset(hf_dataset, streaming=True)` instead of `input` (local builders only)."""
     hf_split: str = "train"
@@ -102,7 +104,7 @@ class PreprocessConfig:
         self._check_format_options()
         if not self.json_keys or len(set(self.json_keys)) != len(self.json_keys):
             raise ValueError(f"json_keys must be non-empty and distinct, got {list(self.json_keys)}")
-        for name in ("workers", "encoder_memory_limit_mb", "partitions", "log_interval", "chunk_bytes"):
+        for name in ("workers", "encoder_memory_limit_mb", "partitions", "log_interval", "chunk_bytes", "max_line_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.token_dtype_rule not in TOKEN_DTYPE_RULES:

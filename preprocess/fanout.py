@@ -41,7 +41,7 @@ logger = logging.getLogger(__name__)
 DONE_SUFFIX = ".done"
 DONE_FOLDER_SUFFIX = "_done"
 # Settings that change how fast a part is made, not what it holds: left out of the fingerprint.
-_RUNTIME_FIELDS = ("workers", "partitions", "log_interval", "chunk_bytes", "overwrite")
+_RUNTIME_FIELDS = ("workers", "partitions", "log_interval", "chunk_bytes", "max_line_mb", "overwrite")
 # Where launchers put the rank and the number of processes: torchrun first, then srun. Slurm's count is
 # taken from SLURM_STEP_NUM_TASKS, which srun sets for the tasks of a step: a batch script itself also
 # sees SLURM_NTASKS (and SLURM_PROCID=0) while it is one process, and must not take 1/N of the files.

@@ -44,6 +44,12 @@ ARROW_SUFFIX = ".arrow"
 # 1 MiB of JSON per task: large enough that per-chunk overheads vanish (~100 chunks per 100 MB), small
 # enough that the chunks in flight keep memory flat.
 DEFAULT_CHUNK_BYTES = 2**20
+# The longest JSON line read (MiB, `--max-line-mb`). A line is held whole while it is read, parsed and
+# tokenized (~4x its size in all); without a bound, input that never brings a newline (a stream of one
+# endless line, a file whose newlines were lost) would grow memory until the machine gives out. Real
+# documents are far shorter: whole books are a few MiB.
+DEFAULT_MAX_LINE_MB = 256
+_MIB = 2**20
 _NEWLINE = b"\n"
 # How long a named pipe may stay without a writer before the run stops (seconds). Opening a pipe blocks
 # until a writer opens it; a writer that never comes would hang the run. Generous: the producer of
@@ -193,13 +199,16 @@ class InputReader:
         chunk_bytes: target chunk size (a JSON chunk is larger only when one line is).
         skip_empty_files: log and skip an empty file instead of failing.
         columns: the columns a columnar file must provide (keys and kept fields).
+        max_line_mb: the longest JSON line read, in MiB (lines that span chunks are measured; a line inside
+            one chunk is at most `chunk_bytes` long).
 
     Attributes:
         total_disk_bytes: summed on-disk size of the inputs.
         empty_files: empty files skipped so far.
 
     Raises:
-        InputError: (while iterating) an input is empty, unreadable, or not valid gzip/zstd/Parquet/Arrow.
+        InputError: (while iterating) an input is empty, unreadable, not valid gzip/zstd/Parquet/Arrow, or
+            holds a line longer than `max_line_mb`.
     """
 
     def __init__(
@@ -208,9 +217,11 @@ class InputReader:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         skip_empty_files: bool = False,
         columns: Sequence[str] = (),
+        max_line_mb: int = DEFAULT_MAX_LINE_MB,
     ) -> None:
         self.paths = paths
         self.chunk_bytes = chunk_bytes
+        self.max_line_mb = max_line_mb
         self.skip_empty_files = skip_empty_files
         self.columns = list(columns)
         self.total_disk_bytes = sum(os.path.getsize(path) for path in paths)
@@ -248,7 +259,11 @@ class InputReader:
             raise InputError(f"{path}: cannot open: {error.strerror}") from None
         with raw, _open_decompressed(path, io.BufferedReader(raw), _split_compression(path)[1]) as f:
             line = 1
-            carry = b""
+            # The start of a line that spans blocks: its pieces (joined once, when its newline comes) and
+            # their length in bytes.
+            carry: list[bytes] = []
+            carried = 0
+            position = 0  # bytes of (decompressed) text read before `block`
             while True:
                 try:
                     block = f.read(self.chunk_bytes)
@@ -257,17 +272,27 @@ class InputReader:
                 if not block:
                     break
                 cut = block.rfind(_NEWLINE) + 1
+                line_end = carried + (block.find(_NEWLINE) if cut else len(block))
+                if carried and line_end > self.max_line_mb * _MIB:
+                    self._line_too_long(path, line, position - carried)
+                position += len(block)
                 if cut == 0:  # one line longer than a block: keep reading it
-                    carry += block
+                    carry.append(block)
+                    carried += len(block)
                     continue
                 # One copy of the chunk's bytes (the carried start of its first line, then the block up
                 # to its last newline), not two (`carry + block`, then a slice of it).
-                data = b"".join((carry, memoryview(block)[:cut]))
-                carry = block[cut:]
+                data = b"".join((*carry, memoryview(block)[:cut]))
+                carry, carried = [block[cut:]], len(block) - cut
                 yield JsonLinesChunk(path, line, data, consumed_before + raw.consumed)
                 line += count_newlines(data)
-            if carry:
-                yield JsonLinesChunk(path, line, carry, consumed_before + raw.consumed)
+            if carried:
+                yield JsonLinesChunk(path, line, b"".join(carry), consumed_before + raw.consumed)
+
+    def _line_too_long(self, path: str, line: int, offset: int) -> None:
+        """Raises the InputError of a line over `max_line_mb` (`offset`: where it starts in the decompressed text)."""
+        raise InputError(f"{path}:{line}: the line starting at byte {offset} is longer than {self.max_line_mb} MiB "
+                         "(--max-line-mb): a file whose newlines were lost, or a stream without one?")
 
     def _empty(self, path: str) -> None:
         if not self.skip_empty_files:

@@ -168,7 +168,7 @@ def _run(
                                    config.chunk_bytes)
         total_bytes, total_disk_bytes, empty_files = None, 0, []
     else:
-        reader = InputReader(paths, config.chunk_bytes, config.skip_invalid, columns)
+        reader = InputReader(paths, config.chunk_bytes, config.skip_invalid, columns, config.max_line_mb)
         total_bytes, total_disk_bytes, empty_files = reader.total_bytes, reader.total_disk_bytes, reader.empty_files
     progress = Progress(config.log_interval, total_bytes, use_progress_bar)
     skipped: list[tuple[str, int, str]] = []

@@ -31,13 +31,7 @@ from .gpt.indices import (
     load_or_build_gpt_indices,
 )
 from .mock import MOCK_NAME, MockTokenSource
-from .indices import (
-    blend_index_bytes,
-    blend_sizes,
-    build_blending_indices,
-    build_exhaustive_blending_indices,
-    check_index_fits,
-)
+from .indices import blend_sizes, build_blend_indices
 from .sources import TokenSource
 from .splits import SPLIT_NAMES, normalize_weights, split_ranges
 
@@ -174,13 +168,9 @@ class _Builder:
         }
 
         def build() -> dict[str, np.ndarray]:
-            check_index_fits(blend_index_bytes(len(weights), int(sum(weights)) if exhaustive else size),
-                             f"the {name} blend of {', '.join(prefixes)}: {size} samples")
             with self.timings.measure("blend_index"):
-                if exhaustive:
-                    arrays = build_exhaustive_blending_indices(weights)
-                else:
-                    arrays = build_blending_indices(weights, size)
+                arrays = build_blend_indices(weights, size, exhaustive,
+                                             f"the {name} blend of {', '.join(prefixes)}: {size} samples")
             return dict(zip(BLEND_INDEX_KINDS, arrays))
 
         arrays = self.cache(prefixes[0]).load_or_build(f"blend-{name}", description, BLEND_INDEX_KINDS, build)

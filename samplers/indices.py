@@ -214,6 +214,27 @@ def blend_index_bytes(num_datasets: int, size: int) -> int:
     return size * (dataset_id_dtype(num_datasets).itemsize + np.dtype(np.int64).itemsize)
 
 
+def build_blend_indices(weights: Sequence[float], size: int, exhaustive: bool, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """A blend's two arrays, refused before any is allocated when this machine's memory cannot hold them.
+
+    Args:
+        weights: normalised weights (`build_blending_indices`), or, when `exhaustive`, samples per dataset
+            (`build_exhaustive_blending_indices`).
+        size: samples of a weighted blend (ignored when `exhaustive`: the sizes sum to it).
+        exhaustive: take every sample of every dataset exactly once.
+        what: the blend and split, for the error.
+
+    Returns:
+        (dataset ids of `dataset_id_dtype`, sample id inside that dataset int64), one entry per sample.
+
+    Raises:
+        IndexMemoryError: one line with the estimate in GiB.
+    """
+    total = int(sum(weights)) if exhaustive else size
+    check_index_fits(blend_index_bytes(len(weights), total), what)
+    return build_exhaustive_blending_indices(weights) if exhaustive else build_blending_indices(weights, size)
+
+
 def dataset_id_dtype(num_datasets: int) -> np.dtype:
     """int16 (Megatron's dtype) up to 32768 datasets, int32 beyond: no cliff."""
     return np.dtype(np.int16) if num_datasets - 1 <= INT16_MAX else np.dtype(np.int32)

@@ -22,13 +22,17 @@ import torch
 from .builder import Sizes, default_cache_directory
 from .cache import IndexCache
 from .errors import EmptySplitError
+from .indices import check_index_fits
 from .sources import TokenSource
 from .splits import SPLIT_NAMES, split_ranges
+from .t5.indices import SAMPLE_INDEX_COLUMNS
 
 logger = logging.getLogger(__name__)
 
 SAMPLE_INDEX_KINDS = ("sample_index",)
 """The one array a sentence-split kind caches per split."""
+SAMPLE_ROW_BYTES = SAMPLE_INDEX_COLUMNS * np.dtype(np.int64).itemsize
+"""Bytes of one sample's row of the index (first sentence, end sentence, target length; int64 each)."""
 SEED_MODULUS = 2**32
 """RandomState seeds must be < 2**32; Megatron takes (seed + idx) % 2**32 too."""
 
@@ -82,6 +86,7 @@ def build_sentence_splits(data_prefix: str, split: str, path_to_cache: Optional[
     Raises:
         EmptySplitError: a split was asked for samples but yields none.
         IndexFormatError: the dataset's files are missing or damaged.
+        IndexMemoryError: a split asks for more samples than this machine's available memory can index.
     """
     sizes = tuple(sizes) if sizes is not None else (None,) * len(SPLIT_NAMES)
     dataset = TokenSource(data_prefix)
@@ -93,7 +98,11 @@ def build_sentence_splits(data_prefix: str, split: str, path_to_cache: Optional[
             continue
         document_range = tuple(document_range)
 
-        def build(document_range=document_range, size=size) -> dict[str, np.ndarray]:
+        def build(document_range=document_range, size=size, name=name) -> dict[str, np.ndarray]:
+            # Whole epochs are walked until `size` samples are reached: the index holds at least that many
+            # rows. Refused before the walk, which for a size no memory holds would itself take hours.
+            if size:
+                check_index_fits(size * SAMPLE_ROW_BYTES, f"{data_prefix} {name}: {size} {kind} samples")
             return {"sample_index": build_index(dataset, document_range, size)}
 
         file_stem = f"{os.path.basename(dataset.prefix)}-{stem}-{name}"

@@ -28,7 +28,7 @@ from ..builder import BLEND_INDEX_KINDS, Sizes, _check_member_sizes, default_cac
 from ..cache import IndexCache
 from ..config import Blend
 from ..errors import BlendFormatError
-from ..indices import MID_LEVEL_DATASET_SURPLUS, blend_sizes, build_blending_indices, build_exhaustive_blending_indices
+from ..indices import MID_LEVEL_DATASET_SURPLUS, blend_sizes, build_blend_indices
 from ..splits import SPLIT_NAMES, normalize_weights
 from .dataset import T5_CACHE_FORMAT, T5Dataset, T5DatasetConfig, build_t5_datasets
 
@@ -156,7 +156,8 @@ def _blend_split(name: str, members: list[Optional[T5Dataset]], weights: Optiona
     }
 
     def build() -> dict[str, np.ndarray]:
-        arrays = build_exhaustive_blending_indices(weights) if exhaustive else build_blending_indices(weights, size)
+        members_named = ", ".join(m.dataset.prefix for m in members if m is not None)
+        arrays = build_blend_indices(weights, size, exhaustive, f"the {name} T5 blend of {members_named}: {size} samples")
         return dict(zip(BLEND_INDEX_KINDS, arrays))
 
     arrays = cache.load_or_build(f"t5-blend-{name}", description, BLEND_INDEX_KINDS, build)

@@ -8,6 +8,9 @@ Promised, as a user types the command:
 - a named pipe of Parquet or Arrow (read with seeks), a device (`/dev/zero` behind a `.jsonl` name): one
   line naming the path and what it is, exit 1, nothing written;
 - an empty `--output-prefix`: one line, exit != 0;
+- a JSON line longer than `--max-line-mb` (a stream that never brings a newline, a file whose newlines were
+  lost) stops the run with one line naming the file, the line and its byte offset, in bounded memory; a line
+  of exactly the limit is read;
 - `--workers N` beyond the machine's cores or its memory (N encoder processes of up to
   `--encoder-memory-limit-mb` each) is capped, with one warning line naming `--workers` and the cap; the
   output bytes are those of `--workers 1` (a cap changes the speed only, so it warns instead of refusing:
@@ -16,6 +19,8 @@ Promised, as a user types the command:
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import resource
 import subprocess
@@ -90,6 +95,53 @@ def test_a_named_pipe_whose_writer_comes_late_is_read(tmp_path):
     writer.join(COMMAND_TIMEOUT_S)
     assert code == 0, err
     assert "2 documents, 4 tokens" in err
+
+
+# The line limit of these tests (MiB) and the chunk size that makes a line of that size span many chunks.
+LINE_LIMIT_MB = 1
+SMALL_CHUNK_BYTES = "65536"
+ENDLESS_PIECE = b"x" * 2**16
+
+
+@pytest.mark.timeout(180)
+def test_an_endless_line_from_a_pipe_stops_at_the_line_limit(tmp_path, files_in):
+    pipe = _pipe(tmp_path, "in.jsonl")
+    stop = threading.Event()
+
+    def write_forever() -> None:
+        with open(pipe, "wb") as f, contextlib.suppress(BrokenPipeError):
+            f.write(b'{"text": "1 2"}\n{"text": "')
+            while not stop.is_set():  # until the command stops reading (or the test is over)
+                f.write(ENDLESS_PIECE)
+
+    writer = threading.Thread(target=write_forever, daemon=True)
+    writer.start()
+    before = files_in()
+    try:
+        code, err = preprocess("--input", pipe, "--output-prefix", str(tmp_path / "out"), *NULL_FLAGS,
+                               "--max-line-mb", str(LINE_LIMIT_MB), cwd=tmp_path, pipe_wait_s=PIPE_WAIT_S)
+    finally:
+        stop.set()
+    writer.join(COMMAND_TIMEOUT_S)
+    assert_one_line(code, err, f"{pipe}:2:", "byte 16", f"longer than {LINE_LIMIT_MB} MiB", "--max-line-mb")
+    assert files_in() == before
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("surplus", [0, 1])
+def test_the_line_limit_is_exact(tmp_path, surplus):
+    limit = LINE_LIMIT_MB * 2**20
+    start, end = b'{"text": "', b'"}'
+    long_line = start + b"7 " * ((limit + surplus - len(start) - len(end)) // 2) + b"7" * (surplus % 2) + end
+    assert len(long_line) == limit + surplus
+    source = write_jsonl(str(tmp_path / "in.jsonl"), [{"text": "1 2"}], [long_line + b"\n", b'{"text": "3"}\n'])
+    code, err = preprocess("--input", source, "--output-prefix", str(tmp_path / "out"), *NULL_FLAGS,
+                           "--max-line-mb", str(LINE_LIMIT_MB), "--chunk-bytes", SMALL_CHUNK_BYTES, cwd=tmp_path)
+    if surplus:
+        assert_one_line(code, err, f"{source}:2:", f"byte {len(json.dumps({'text': '1 2'})) + 1}")
+    else:
+        assert code == 0, err
+        assert "3 documents" in err
 
 
 def _parquet_pipe(tmp_path) -> tuple[str, str]:

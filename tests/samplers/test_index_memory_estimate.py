@@ -6,6 +6,8 @@ Promised:
 - `build-indices`, `inspect-index` and `train` asked for more samples than this machine's memory can index
   exit non-zero with one stderr line giving the estimate in GiB (never NumPy's MemoryError traceback), and
   write nothing into the index cache; a blend is refused the same way;
+- so do the sentence-split kinds (T5 span corruption, BERT), at once: their builders walk epoch after epoch
+  until the samples asked for are reached, which for such a count would take hours;
 - an index cache the disk cannot hold is not written (one warning; the arrays stay in memory), instead of
   filling the disk.
 """
@@ -21,8 +23,11 @@ import pytest
 from cli_testing import run_cli
 
 from samplers import cache as cache_module
+from samplers.bert.dataset import build_bert_datasets
 from samplers.cache import IndexCache
+from samplers.errors import IndexMemoryError
 from samplers.gpt.indices import GPTIndexSpec, build_gpt_indices, gpt_index_bytes, plan_epochs
+from samplers.t5.dataset import build_t5_datasets
 
 # A regression must fail on a small allocation, not take the shared machine's memory: each command gets
 # this address space.
@@ -109,6 +114,45 @@ def test_more_samples_than_memory_holds_is_one_line_with_the_estimate(golden, tm
     # Nothing of the split asked too much of (an earlier split that fits may be cached).
     refused = "-valid-" if case == "build_indices_valid" else "-train-"
     assert not cache.exists() or not [name for name in os.listdir(cache) if refused in name]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("kind", ["t5", "bert"])
+def test_sentence_split_kinds_refuse_more_samples_than_memory_holds_before_walking(tmp_path, kind):
+    from bert_golden import write_bert_corpus
+    from test_bert_dataset import bert_config
+    from test_t5_dataset import make_config, write_sentence_dataset
+
+    cache = tmp_path / "cache"
+    if kind == "t5":
+        prefix = write_sentence_dataset(tmp_path / "corpus", 40, seed=0)
+        build, config = build_t5_datasets, make_config(prefix, cache)
+    else:
+        prefix = write_bert_corpus(tmp_path / "corpus")
+        build, config = build_bert_datasets, bert_config(prefix, cache)
+    with pytest.raises(IndexMemoryError, match="GiB of memory") as refused:
+        build(config, (int(HUGE_SAMPLES), None, None))
+    assert prefix in str(refused.value) and "train" in str(refused.value)
+    assert not cache.exists() or not [name for name in os.listdir(cache) if "-train" in name]
+
+
+@pytest.mark.timeout(300)
+def test_train_t5_asked_for_more_samples_than_memory_holds_is_one_line(data_test, tmp_path):
+    from preprocess.cli import main as preprocess_data
+
+    tokenizer = ["--tokenizer-type", "SentencePieceTokenizer",
+                 "--tokenizer-model", str(data_test / "tokenizers" / "sp-unigram.model")]
+    assert preprocess_data(["--input", str(data_test / "sample_en.jsonl"), "--output-prefix", str(tmp_path / "en"),
+                            "--split-sentences", *tokenizer, "--workers", "1"]) == 0
+    code, err = run_limited(
+        "train", "--model", "t5", "--num-layers", "1", "--hidden-size", "16", "--num-attention-heads", "2",
+        "--kv-channels", "8", "--ffn-hidden-size", "32", "--encoder-seq-length", "32", "--decoder-seq-length", "16",
+        "--data-path", str(tmp_path / "en_text_sentence"), *tokenizer, "--micro-batch-size", "1",
+        "--global-batch-size", "1024", "--train-samples", HUGE_SAMPLES, "--device", "cpu", "--lr", "0.001",
+        "--eval-iters", "0", "--data-cache-path", str(tmp_path / "cache"), cwd=tmp_path)
+    assert code != 0 and "Traceback" not in err, err
+    assert err.strip().splitlines()[-1].startswith("train: error: "), err
+    assert "T5 samples: the index arrays need" in err and "GiB of memory" in err, err
 
 
 def test_an_index_cache_the_disk_cannot_hold_is_not_written(tmp_path, monkeypatch, caplog):
