@@ -4,6 +4,7 @@ clipping, tied-embedding gradient sync across pipeline stages, and loss reductio
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
@@ -83,6 +84,18 @@ def scale_grads(params: list[nn.Parameter], factor: float) -> None:
         for p in params:
             if p.grad is not None:
                 p.grad.mul_(factor)
+
+
+def divide_grads(params: Iterable[nn.Parameter], divisor: int) -> None:
+    """Divide every gradient by ``divisor`` in place, on this rank's own part of it: exact for any DTensor
+    placement (a pending sum divides term by term), where DTensor's own in-place division of a pending sum is
+    refused by torch 2.10 (what a pipeline schedule's ``scale_grads`` does)."""
+    if divisor == 1:
+        return
+    with torch.no_grad():
+        for p in params:
+            if p.grad is not None:
+                _local(p.grad).div_(divisor)
 
 
 def clip_factor(total_norm: float, max_norm: float) -> float:

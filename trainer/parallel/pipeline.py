@@ -48,16 +48,17 @@ def build_schedule(stage_modules: list[nn.Module], stage_ids: list[int], num_sta
                    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]):
     """The pipeline schedule that runs this rank's stages.
 
-    The schedule divides gradients by ``num_microbatches`` (``scale_grads``), so a mean-reduced
-    ``loss_fn`` gives the gradient of the whole local batch, as without pipelining.
+    The gradients it leaves are summed over the micro-batches: the caller divides them by
+    ``num_microbatches`` (`trainer.optim.grads.divide_grads`) so that a mean-reduced ``loss_fn`` gives the
+    gradient of the whole local batch, as without pipelining. (The schedule's own ``scale_grads`` divides each
+    DTensor gradient in place, which torch 2.10 refuses for a pending sum: the sequence-parallel norms'.)
     """
     group = pp_mesh.get_group()
     stages = [PipelineStage(module, stage_id, num_stages, device, group=group)
               for module, stage_id in zip(stage_modules, stage_ids)]
     schedule_cls = SCHEDULES[schedule_name]
-    if schedule_name == "interleaved":
-        return schedule_cls(stages, n_microbatches=num_microbatches, loss_fn=loss_fn)
-    return schedule_cls(stages[0], n_microbatches=num_microbatches, loss_fn=loss_fn)
+    options = dict(n_microbatches=num_microbatches, loss_fn=loss_fn, scale_grads=False)
+    return schedule_cls(stages if schedule_name == "interleaved" else stages[0], **options)
 
 
 def tied_embedding_group(mesh: DeviceMesh) -> dist.ProcessGroup | None:

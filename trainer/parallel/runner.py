@@ -26,13 +26,14 @@ from trainer.config import ParallelismConfig
 from trainer.data.batches import MicroBatch
 from trainer.errors import TrainConfigError
 from trainer.metrics.writers import StepTimer
-from trainer.optim.grads import sync_tied_embedding_grad
+from trainer.optim.grads import divide_grads, sync_tied_embedding_grad
 from trainer.parallel.context import ContextLayout, apply_cp, context_parallel_loss
 from trainer.parallel.keyed_dropout import sample_keys, set_tensor_parallel
 from trainer.parallel.plan import ParallelPlan, Shape
 from trainer.parallel.dims import ParallelDims
 from trainer.parallel.recompute import Recompute, apply_recompute, as_recompute
 from trainer.parallel.token_loss import step_tokens_per_loss, weighted_token_loss
+from trainer.parallel.torch_compat import fix_dtensor_embedding_backward
 from trainer.parallel.parallelize import apply_compile, apply_ddp, apply_fsdp, fsdp_options
 from trainer.parallel.pipeline import build_schedule, stage_ids_of_rank, tied_embedding_group
 from trainer.optim.auxiliary_losses import (
@@ -108,6 +109,7 @@ class ParallelModel:
         expert_mesh = dims.expert_mesh(mesh) if dims.ep > 1 else None
         for part in self.parts:
             if dims.tp > 1:
+                fix_dtensor_embedding_backward()
                 plan.apply_tp(part, mesh["tp"], parallelism.sequence_parallel)
                 set_tensor_parallel(part, mesh.get_local_rank("tp"), parallelism.sequence_parallel)
             if dims.ep > 1:
@@ -344,6 +346,7 @@ class ParallelModel:
             else:
                 self.schedule.eval(*args, return_outputs=False, **kwargs)
         if train:
+            divide_grads((p for part in self.parts for p in part.parameters()), len(microbatches))
             sync_tied_embedding_grad(self._tied_parameter(), self.tied_group)
         total = torch.zeros((), device=self.device)
         for loss in losses:
