@@ -272,9 +272,12 @@ class InputReader:
                 if not block:
                     break
                 cut = block.rfind(_NEWLINE) + 1
-                line_end = carried + (block.find(_NEWLINE) if cut else len(block))
-                if carried and line_end > self.max_line_mb * _MIB:
-                    self._line_too_long(path, line, position - carried)
+                # Only a line carried over from earlier blocks can pass the limit (one inside a block is at
+                # most `chunk_bytes` long): its length so far, up to this block's first newline if any.
+                if carried and carried + (block.find(_NEWLINE) if cut else len(block)) > self.max_line_mb * _MIB:
+                    raise InputError(f"{path}:{line}: the line starting at byte {position - carried} is longer "
+                                     f"than {self.max_line_mb} MiB (--max-line-mb): a file whose newlines were "
+                                     "lost, or a stream without one?")
                 position += len(block)
                 if cut == 0:  # one line longer than a block: keep reading it
                     carry.append(block)
@@ -288,11 +291,6 @@ class InputReader:
                 line += count_newlines(data)
             if carried:
                 yield JsonLinesChunk(path, line, b"".join(carry), consumed_before + raw.consumed)
-
-    def _line_too_long(self, path: str, line: int, offset: int) -> None:
-        """Raises the InputError of a line over `max_line_mb` (`offset`: where it starts in the decompressed text)."""
-        raise InputError(f"{path}:{line}: the line starting at byte {offset} is longer than {self.max_line_mb} MiB "
-                         "(--max-line-mb): a file whose newlines were lost, or a stream without one?")
 
     def _empty(self, path: str) -> None:
         if not self.skip_empty_files:
