@@ -415,6 +415,11 @@ class _Run:
         with self.timer.phase("forward_backward"):
             loss_sum, holds_loss = self.model.run(microbatches, train=True)
         auxiliary = self.model.auxiliary_metrics()
+        # The loss is read before the optimizer step is queued, so that nothing waits for that step's kernels:
+        # on a GPU the next step's batch is copied and its first kernels queued while the optimizer runs.
+        loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
+        check_finite = not self.config.precision.no_check_for_nan_in_loss_and_grad
+        local_loss_non_finite = check_finite and holds_loss and not bool(torch.isfinite(loss_sum))
         with self.timer.phase("grad_clip"):
             norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
             if math.isfinite(norm):
@@ -428,9 +433,8 @@ class _Run:
                 logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
                                self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
-        loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
-        if not self.config.precision.no_check_for_nan_in_loss_and_grad:
-            self._check_finite(loss, norm, holds_loss and not bool(torch.isfinite(loss_sum)))
+        if check_finite:
+            self._check_finite(loss, norm, local_loss_non_finite)
         return loss, norm, auxiliary
 
     def _check_finite(self, loss: float, norm: float, local_loss_non_finite: bool) -> None:

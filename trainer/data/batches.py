@@ -43,6 +43,15 @@ PREFETCH_CLOSE_TIMEOUT_S = 5.0
 SAMPLE_ID_KEY = "sample_id"
 
 
+def to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``tensor`` on ``device``, the copy queued without waiting for the device: CUDA copies a pinned host
+    tensor asynchronously, while a copy from pageable memory first waits for every kernel already queued (a
+    host sync at the start of each step)."""
+    if device.type == "cuda" and tensor.device.type == "cpu" and not tensor.is_pinned():
+        tensor = tensor.pin_memory()
+    return tensor.to(device, non_blocking=True)
+
+
 class MicroBatch(Protocol):
     """What the core reads of a family's micro-batch (a dataclass of the family's, in its ``data`` module):
     its loss targets and sample ids; the model's inputs are the family's

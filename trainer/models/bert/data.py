@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from trainer.data.batches import IGNORE_INDEX, check_token_ids
+from trainer.data.batches import IGNORE_INDEX, check_token_ids, to_device
 
 # The targets' last column holds the sentence-order label.
 BINARY_LABEL_COLUMNS = 1
@@ -37,7 +37,7 @@ class BertMicroBatch:
     """MLM labels (IGNORE_INDEX where the loss mask is 0), then the sentence-order label (see module docstring)."""
 
     def to(self, device: torch.device) -> BertMicroBatch:
-        return BertMicroBatch(*(t.to(device, non_blocking=True) for t in (
+        return BertMicroBatch(*(to_device(t, device) for t in (
             self.tokens, self.token_types, self.padding_mask, self.targets)))
 
 

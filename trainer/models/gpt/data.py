@@ -9,7 +9,8 @@ import torch
 
 from samplers import GPTDatasetConfig, build_gpt_datasets
 from trainer.config import DOCUMENT_FIELDS, DataConfig
-from trainer.data.batches import IGNORE_INDEX, Vocabulary, check_data_files, check_token_ids, stack_sample_ids
+from trainer.data.batches import (IGNORE_INDEX, Vocabulary, check_data_files, check_token_ids, stack_sample_ids,
+                                   to_device)
 from trainer.errors import TrainConfigError
 
 
@@ -28,7 +29,7 @@ class GPTMicroBatch:
     token sees the earlier tokens of its own document only; None: plain causal attention."""
 
     def to(self, device: torch.device) -> GPTMicroBatch:
-        return GPTMicroBatch(*(t if t is None else t.to(device, non_blocking=True)
+        return GPTMicroBatch(*(t if t is None else to_device(t, device)
                                for t in (self.tokens, self.position_ids, self.targets, self.sample_ids,
                                          self.attention_mask)))
 

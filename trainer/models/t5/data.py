@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainer.data.batches import IGNORE_INDEX, check_token_ids, stack_sample_ids
+from trainer.data.batches import IGNORE_INDEX, check_token_ids, stack_sample_ids, to_device
 
 
 @dataclass(slots=True)
@@ -31,7 +31,7 @@ class T5MicroBatch:
     """int64 [batch]: the samples' ids in the run's global order (`trainer.data.batches.stack_sample_ids`)."""
 
     def to(self, device: torch.device) -> T5MicroBatch:
-        return T5MicroBatch(*(t if t is None else t.to(device, non_blocking=True) for t in (
+        return T5MicroBatch(*(t if t is None else to_device(t, device) for t in (
             self.encoder_input_ids, self.decoder_input_ids, self.encoder_attention_mask, self.targets,
             self.sample_ids)))
 
