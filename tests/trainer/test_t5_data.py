@@ -56,7 +56,7 @@ def test_collate_masks_targets_and_checks_the_vocabulary():
             "labels": torch.tensor([9, 4, 1, 0]), "loss_mask": torch.tensor([1.0, 1.0, 1.0, 0.0]),
             "encoder_attention_mask": torch.tensor([1, 1, 0]), "decoder_attention_mask": torch.tensor([1, 1, 1, 0])}
     batch = collate_t5([item, item], vocab_size=10)
-    assert batch.targets.tolist() == [[9, 4, 1, IGNORE_INDEX]] * 2 and batch.num_target_tokens == 6
+    assert batch.targets.tolist() == [[9, 4, 1, IGNORE_INDEX]] * 2
     assert batch.encoder_attention_mask.shape == (2, 3)
     with pytest.raises(TrainConfigError, match="token id 9 but vocab_size is 9"):
         collate_t5([item], vocab_size=9)

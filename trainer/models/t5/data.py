@@ -35,10 +35,6 @@ class T5MicroBatch:
             self.encoder_input_ids, self.decoder_input_ids, self.encoder_attention_mask, self.targets,
             self.sample_ids)))
 
-    @property
-    def num_target_tokens(self) -> int:
-        return int((self.targets != IGNORE_INDEX).sum())
-
 
 def collate_t5(items: list[dict[str, torch.Tensor]], vocab_size: int) -> T5MicroBatch:
     """Stack `samplers.t5.dataset.T5Dataset` items into a micro-batch.
