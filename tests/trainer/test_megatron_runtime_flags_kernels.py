@@ -32,7 +32,7 @@ from trainer.config import KernelConfig, MoEConfig, ObservabilityConfig, Paralle
 from trainer.errors import TrainConfigError
 from trainer.models import model_spec
 from trainer.moe.layer import MoELayer, name_moe_layers
-from trainer.moe.router import load_balancing_loss, sequence_load_balancing_loss
+from trainer.moe.router import load_balancing_loss, per_sequence
 from trainer.moe.settings import MoESettings
 from trainer.parallel.attention_backend import attention_kernels
 from trainer.parallel.dims import overlap_notes, resolve_parallel_dims
@@ -202,11 +202,12 @@ def test_seq_aux_loss_is_megatrons_sequence_load_balancing_loss():
     probs = torch.softmax(torch.randn(batch * seq, experts, dtype=torch.float64), dim=-1)  # batch-major tokens
     chosen = torch.topk(probs, top_k, dim=-1).indices
     routing_map = torch.zeros(batch * seq, experts, dtype=torch.float64).scatter_(1, chosen, 1.0)
-    ours = sequence_load_balancing_loss(probs, chosen, batch, top_k)
+    # What the MoE layer computes for seq_aux_loss (`MoELayer._load_balancing_loss`, without context parallelism).
+    ours = load_balancing_loss(*per_sequence(probs, chosen, batch), top_k)
     sequence_first = (lambda t: t.view(batch, seq, experts).transpose(0, 1))
     assert torch.allclose(ours, megatron_seq_aux_loss(sequence_first(probs), sequence_first(routing_map), top_k))
     # one sequence: the whole-batch loss
-    assert torch.allclose(sequence_load_balancing_loss(probs, chosen, 1, top_k),
+    assert torch.allclose(load_balancing_loss(*per_sequence(probs, chosen, 1), top_k),
                           load_balancing_loss(probs, routing_map.sum(0).long(), top_k))
 
 

@@ -33,8 +33,8 @@ from trainer.moe.router import (
     Routing,
     expert_counts,
     load_balancing_loss,
+    per_sequence,
     route,
-    sequence_expert_counts,
     z_loss,
 )
 from trainer.moe.settings import MoESettings
@@ -135,8 +135,8 @@ class MoELayer(nn.Module):
         probs, counts = routing.probs, whole_counts
         if s.load_balancing_type == "seq_aux_loss":
             sequences = routing.probs.shape[0] // x.shape[-2] if x.dim() > 2 else 1
-            probs = probs.view(sequences, -1, s.num_experts)
-            counts = self._whole_sequence(sequence_expert_counts(routing.experts, sequences, s.num_experts))
+            probs, counts = per_sequence(routing.probs, routing.experts, sequences)
+            counts = self._whole_sequence(counts)
         return s.aux_loss_coeff * load_balancing_loss(probs, counts, s.top_k,
                                                       counted_tokens=probs.shape[-2] * self._cp_size())
 

@@ -87,27 +87,22 @@ def load_balancing_loss(probs: torch.Tensor, counts: torch.Tensor, top_k: int,
     return (num_experts * (fraction * probs.mean(dim=-2)).sum(dim=-1)).mean()
 
 
-def sequence_load_balancing_loss(probs: torch.Tensor, experts: torch.Tensor, num_sequences: int,
-                                 top_k: int) -> torch.Tensor:
-    """Megatron's ``sequence_load_balancing_loss_func`` (DeepSeek-V2) without its coefficient: the mean over the
-    ``num_sequences`` sequences of each one's `load_balancing_loss`.
+def per_sequence(probs: torch.Tensor, experts: torch.Tensor, num_sequences: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """What Megatron's ``sequence_load_balancing_loss_func`` (DeepSeek-V2) balances: `load_balancing_loss` of the
+    two is the mean over the ``num_sequences`` sequences of each one's loss.
 
     Args:
         probs: float [T, E], the tokens of consecutive sequences of equal length, sequence by sequence.
         experts: int64 [T, k], the chosen experts.
+
+    Returns:
+        float [S, T/S, E] (``probs`` by sequence) and int64 [S, E] (assignments per expert of each sequence).
     """
     num_experts = probs.shape[-1]
-    per_sequence = probs.view(num_sequences, -1, num_experts)
-    return load_balancing_loss(per_sequence, sequence_expert_counts(experts, num_sequences, num_experts), top_k)
-
-
-def sequence_expert_counts(experts: torch.Tensor, num_sequences: int, num_experts: int) -> torch.Tensor:
-    """int64 [S, E]: assignments per expert of each of the ``num_sequences`` equal runs of ``experts`` int64
-    [T, k] (consecutive sequences)."""
     # One bincount: sequence s's expert e is bin s E + e.
     offsets = torch.arange(num_sequences, device=experts.device)[:, None] * num_experts
     counts = expert_counts(experts.view(num_sequences, -1) + offsets, num_sequences * num_experts)
-    return counts.view(num_sequences, num_experts)
+    return probs.view(num_sequences, -1, num_experts), counts.view(num_sequences, num_experts)
 
 
 def z_loss(logits: torch.Tensor) -> torch.Tensor:
