@@ -418,8 +418,6 @@ class _Run:
         # The loss is read before the optimizer step is queued, so that nothing waits for that step's kernels:
         # on a GPU the next step's batch is copied and its first kernels queued while the optimizer runs.
         loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
-        check_finite = not self.config.precision.no_check_for_nan_in_loss_and_grad
-        local_loss_non_finite = check_finite and holds_loss and not bool(torch.isfinite(loss_sum))
         with self.timer.phase("grad_clip"):
             norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
             if math.isfinite(norm):
@@ -433,14 +431,15 @@ class _Run:
                 logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
                                self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
-        if check_finite:
-            self._check_finite(loss, norm, local_loss_non_finite)
+        if not self.config.precision.no_check_for_nan_in_loss_and_grad:
+            self._check_finite(loss, norm, loss_sum if holds_loss else None)
         return loss, norm, auxiliary
 
-    def _check_finite(self, loss: float, norm: float, local_loss_non_finite: bool) -> None:
+    def _check_finite(self, loss: float, norm: float, local_loss_sum: torch.Tensor | None) -> None:
         """Megatron's --check-for-nan-in-loss-and-grad (on by default): stop at a NaN or infinite loss, or
         gradient norm where no loss scaler owns overflows (fp16, or a static --loss-scale, skips such steps as
-        Megatron's grad scalers do). ``loss`` and ``norm`` are the same on every rank, so every rank raises.
+        Megatron's grad scalers do). ``loss`` and ``norm`` are the same on every rank, so every rank raises;
+        ``local_loss_sum`` is this rank's own loss sum (None on a rank that computes no loss).
 
         Raises:
             NonFiniteError: naming the iteration and the ranks whose own loss or gradients hold the value.
@@ -449,7 +448,9 @@ class _Run:
         if math.isfinite(loss) and (math.isfinite(norm) or scaled):
             return
         what = "loss" if not math.isfinite(loss) else "gradient norm"
-        local = local_loss_non_finite if what == "loss" else has_non_finite_grads(self.params)
+        # Which ranks hold the value is read only once it is known to be there (no host read per step).
+        local = (local_loss_sum is not None and not bool(torch.isfinite(local_loss_sum)) if what == "loss"
+                 else has_non_finite_grads(self.params))
         ranks = ranks_where(local, self.ctx.rank)
         raise NonFiniteError(f"iteration {self.iteration}: the {what} is {loss if what == 'loss' else norm} (from "
                              f"rank {', '.join(map(str, ranks)) or 'unknown'}); stopped, as Megatron's "
