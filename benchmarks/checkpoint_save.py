@@ -21,7 +21,6 @@ import math
 import shutil
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import torch

@@ -262,6 +262,10 @@ class ModelConfig:
     """Dropout on the attention probabilities."""
     init_method_std: float = flag(0.02, valid=POSITIVE)
     """Standard deviation of the normal weight init (output projections get std/sqrt(2*layers))."""
+    use_cpu_initialization: bool = False
+    """Megatron's: draw the initial weights from the CPU's random generator and copy them to the device, so a run
+    starts from the same weights on a GPU as on the CPU (by default they are drawn on the device, faster; the
+    seed gives the same weights in every parallel layout either way)."""
     layernorm_epsilon: float = flag(1e-5, "--norm-epsilon", valid=POSITIVE)
     """Epsilon of the LayerNorm / RMSNorm (0 or less divides by zero: NaN loss)."""
     fused_qkv: bool = flag(False, "--multihead-attention-fusion")

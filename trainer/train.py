@@ -208,7 +208,8 @@ class _Run:
                                    ctx.device, config.data.seed,
                                    config.recompute.policy(config.training.checkpoint_activations), autocast,
                                    compile_blocks=config.training.compile,
-                                   per_token_loss=config.training.calculate_per_token_loss)
+                                   per_token_loss=config.training.calculate_per_token_loss,
+                                   cpu_initialization=config.model.use_cpu_initialization)
         # The HF model type the checkpoints record (of the family's several, say), for `convert-checkpoint --to-hf`.
         self.hf_model_type = self.spec.hf_model_types[0]
         if config.checkpoint.load_hf is not None:

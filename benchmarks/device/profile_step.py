@@ -42,11 +42,13 @@ def category(name: str) -> str:
 
 
 def kernel_times(trace: profile, device: torch.device) -> dict[str, float]:
-    """Microseconds per kernel name over the trace (CPU: per operator, its own time without its children's)."""
+    """Microseconds per kernel name over the trace (CPU: per operator, its own time without its children's).
+    Regions named by ``record_function`` (the optimizer's ``Optimizer.step#AdamW.step``, ``ProfilerStep#N``) span
+    kernels on the device's timeline too: they are left out, so no kernel's time counts twice."""
     times: dict[str, float] = {}
     for event in trace.key_averages():
         if device.type == "cuda":
-            if event.device_type != DeviceType.CUDA:
+            if event.device_type != DeviceType.CUDA or event.is_user_annotation:
                 continue
             spent = event.self_device_time_total
         else:

@@ -278,10 +278,10 @@ STEPS: list[tuple[str, int, Callable[[Settings, Commands], dict]]] = [
     ("cuda_tests", 150, cuda_tests),
     ("gpu_step_gpt_eager", 75, gpu_step("gpt", compile_model=False)),
     ("gpu_step_t5_eager", 75, gpu_step("t5", compile_model=False)),
-    ("workflow", 60, workflow),
+    ("workflow", 110, workflow),
     ("profile", 30, profile),
     ("gpu_step_gpt_compile", 90, gpu_step("gpt", compile_model=True)),
-    ("gpu_step_t5_compile", 90, gpu_step("t5", compile_model=True)),
+    ("gpu_step_t5_compile", 150, gpu_step("t5", compile_model=True)),
 ]
 
 

@@ -2,7 +2,8 @@
 
 Compiled and eager runs of the same tiny GPT and T5 (T5: `-m campaign`) give the same losses within
 `COMPILE_RTOL`; the compiled run keeps its parameter names (checkpoints do not change); the AdamW kernel is fused on CUDA,
-multi-tensor elsewhere, and the per-parameter loop where the parameter list mixes layouts;
+multi-tensor elsewhere, and the per-parameter loop where the parameter list mixes layouts; the state a checkpoint
+loads into sits where the kernel reads it;
 ``benchmarks/gpu_step.py`` runs end to end on a CPU (tiny shapes) and refuses in one line without CUDA.
 """
 
@@ -23,7 +24,7 @@ from trainer_testing import LOSS_RTOL, result_record, t5_config, tiny_config
 from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import OptimizerConfig, ParallelismConfig
 from trainer.models.gpt.model import GPTShape
-from trainer.optim.optimizer import ADAMW_KERNEL_OPTIONS, build_optimizer, select_adamw_kernel
+from trainer.optim.optimizer import ADAMW_KERNEL_OPTIONS, build_optimizer, init_optimizer_state, select_adamw_kernel
 from trainer.parallel.dims import ParallelDims
 from trainer.models.gpt.spec import PLAN as GPT_PLAN
 from trainer.parallel.runner import ParallelModel
@@ -135,6 +136,20 @@ def test_build_optimizer_passes_the_kernel_to_adamw():
     named = [("w", torch.nn.Parameter(torch.zeros(2, 2)))]
     optimizer = build_optimizer(named, OptimizerConfig(), **ADAMW_KERNEL_OPTIONS["for-loop"])
     assert optimizer.param_groups[0]["foreach"] is False
+
+
+@pytest.mark.parametrize("kernel", ["fused", "foreach", "for-loop"])
+def test_optimizer_state_made_before_a_load_sits_where_the_kernel_reads_it(kernel):
+    # A resumed run creates the state, loads the checkpoint into it in place, then steps. The fused kernel reads
+    # the step count on the parameter's device (on a GPU it refuses a CPU tensor); the others keep it on the
+    # CPU, as torch's AdamW does. The meta device stands for a device other than the CPU.
+    param = torch.nn.Parameter(torch.zeros(2, 2, device="meta"))
+    optimizer = build_optimizer([("w", param)], OptimizerConfig(), **ADAMW_KERNEL_OPTIONS[kernel])
+    init_optimizer_state(optimizer)
+    state = optimizer.state[param]
+    assert (state["step"].device.type, state["step"].dtype) == ("meta" if kernel == "fused" else "cpu",
+                                                                 torch.float32)
+    assert {state["exp_avg"].device.type, state["exp_avg_sq"].device.type} == {"meta"}
 
 
 def _gpu_step(*argv: str, **environment: str) -> subprocess.CompletedProcess:

@@ -4,13 +4,15 @@ The device is ``TOKENMILL_TEST_DEVICE`` (``cuda`` by default; every test here sk
 CUDA device is available). ``TOKENMILL_TEST_DEVICE=cpu`` runs the same tests with the CPU on both sides, which
 is how `benchmarks/device/run.sh`'s dry run checks them without a GPU. Promised, on the device:
 
-- GPT, T5, BERT and a MoE GPT (fp32) give the CPU run's per-step losses within the parity tests' tolerance,
+- `--use-cpu-initialization` gives the CPU run's initial weights bit for bit;
+- GPT, T5, BERT and a MoE GPT (fp32), started from those weights, give the CPU run's per-step losses within the parity tests' tolerance,
   and a run resumed from a checkpoint saved halfway goes on as the straight run on the CPU;
 - bf16 (GPT and MoE GPT, whose experts take the grouped GEMM on Hopper) trains within the CPU precision
   tests' bound of the fp32 CPU run, and fp16 with a loss scale that does not overflow likewise;
 - fp16 dynamic loss scaling: an overflowing scale skips steps, halves, and then training goes on, the
   learning rate held over the skipped steps (as on the CPU);
-- ``--compile`` trains like eager on the device, and the AdamW kernel is the fused one on CUDA.
+- ``--compile`` trains like eager on the device, and the AdamW kernel is the fused one on CUDA;
+- on CUDA, the forward and backward of a training step never wait for the device (no host read inside them).
 """
 
 from __future__ import annotations
@@ -26,9 +28,14 @@ import torch
 from test_bert_train import bert_config
 from test_compile_and_kernels import COMPILE_RTOL, fresh_compiler, short_run  # noqa: F401 (fixture)
 from test_parity import TOLERANCE
-from trainer_testing import lr_after_steps, result_record, t5_config, tiny_config
+from trainer_testing import TINY_VOCAB, lr_after_steps, result_record, t5_config, tiny_config
 
 from trainer.config import MoEConfig, TrainConfig
+from trainer.models import model_spec
+from trainer.models.gpt.spec import PLAN as GPT_PLAN
+from trainer.models.gpt.training import model_shape
+from trainer.parallel.dims import resolve_parallel_dims
+from trainer.parallel.runner import ParallelModel
 
 DEVICE_VARIABLE = "TOKENMILL_TEST_DEVICE"
 DEVICE = os.environ.get(DEVICE_VARIABLE, "cuda")
@@ -52,8 +59,11 @@ MOE = MoEConfig(num_experts=4, moe_router_topk=2, moe_aux_loss_coeff=0.01)
 
 
 def on_device(config: TrainConfig, **sections: dict) -> TrainConfig:
-    """``config`` on the device under test, with ``sections``' fields replaced (section name -> changes)."""
-    config = dataclasses.replace(config, training=dataclasses.replace(config.training, device=DEVICE))
+    """``config`` on the device under test, starting from the CPU run's weights (`--use-cpu-initialization`: a
+    GPU's generator draws other numbers from the same seed), with ``sections``' fields replaced (section name ->
+    changes)."""
+    config = dataclasses.replace(config, training=dataclasses.replace(config.training, device=DEVICE),
+                                 model=dataclasses.replace(config.model, use_cpu_initialization=True))
     for name, changes in sections.items():
         config = dataclasses.replace(config, **{name: dataclasses.replace(getattr(config, name), **changes)})
     return config
@@ -73,6 +83,24 @@ def assert_losses_close(got: list[float], want: list[float], atol: float) -> Non
     assert len(got) == len(want)
     for step, (a, b) in enumerate(zip(got, want), start=1):
         assert a == pytest.approx(b, abs=atol), f"loss of step {step}: {a} on {DEVICE}, {b} on the CPU"
+
+
+def test_cpu_initialization_gives_the_cpu_runs_weights_on_the_device(tiny_prefix, cache_dir):
+    config = tiny_config(tiny_prefix, cache_dir)
+    dims = resolve_parallel_dims(config, 1, model_spec(config.model.model).layout_rules)
+    shape = model_shape(config, TINY_VOCAB, 1)
+
+    def initial_weights(device: str, cpu_initialization: bool) -> dict[str, torch.Tensor]:
+        model = ParallelModel(GPT_PLAN, shape, dims, None, config.parallelism, torch.device(device),
+                              config.data.seed, checkpoint_activations=False, autocast_dtype=None,
+                              cpu_initialization=cpu_initialization)
+        return {name: param.detach().cpu() for name, param in model.named_parameters()}
+
+    cpu = initial_weights("cpu", cpu_initialization=False)
+    on_the_device = initial_weights(DEVICE, cpu_initialization=True)
+    assert cpu.keys() == on_the_device.keys()
+    for name, weight in cpu.items():
+        assert torch.equal(on_the_device[name], weight), name
 
 
 def test_gpt_follows_the_cpu_run_and_resumes(reference, tiny_prefix, cache_dir, tmp_path):
@@ -119,6 +147,32 @@ def test_moe_gpt_follows_the_cpu_run_and_resumes(tiny_prefix, cache_dir, tmp_pat
     result_record(on_device(config(train_iters=HALF, save=save)))
     resumed = result_record(on_device(config(load=save)))
     assert_losses_close(resumed["losses"], cpu["losses"][HALF:], TOLERANCE)
+
+
+@pytest.mark.skipif(torch.device(DEVICE).type != "cuda", reason="host-device synchronisation is a CUDA matter")
+@pytest.mark.parametrize("family", ["gpt", "t5", "bert"])
+def test_forward_and_backward_never_wait_for_the_device(family, monkeypatch, tiny_prefix, cache_dir,
+                                                        sentence_prefix, wordpiece_sentences, data_test, tmp_path):
+    # The step reads its loss and gradient norm to the host once the backward is queued; inside the forward and
+    # backward a host read (.item(), a blocking copy) stalls the queue, costing the most at small micro-batches.
+    # torch's sync debug mode raises at the first such call, naming it.
+    original = ParallelModel.run
+
+    def watched(self, microbatches, train):
+        if not train:
+            return original(self, microbatches, train)
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            return original(self, microbatches, train)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+
+    cache = str(tmp_path / "cache")
+    config = {"gpt": lambda: tiny_config(tiny_prefix, cache_dir, train_iters=2),
+              "t5": lambda: t5_config(sentence_prefix, data_test, cache, train_iters=2),
+              "bert": lambda: bert_config(wordpiece_sentences, data_test, cache, train_iters=2)}[family]()
+    monkeypatch.setattr(ParallelModel, "run", watched)
+    result_record(on_device(config, precision={"bf16": True}))
 
 
 @pytest.mark.parametrize("experts", [False, True], ids=["dense", "moe"])

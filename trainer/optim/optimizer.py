@@ -87,11 +87,15 @@ def embedding_and_output_names(named_params: Iterable[tuple[str, nn.Parameter]],
 
 def init_optimizer_state(optimizer: torch.optim.AdamW) -> None:
     """Create AdamW's per-parameter state (zero moments, step 0) before the first step, as
-    ``AdamW.step`` would, so a checkpoint can be loaded into it in place."""
+    ``AdamW.step`` would, so a checkpoint can be loaded into it in place. As torch's AdamW does, the step
+    count is a float32 tensor on the parameter's device for the fused and capturable kernels (which read it
+    there: a CUDA run's fused kernel refuses a CPU one), and a CPU tensor otherwise."""
     for group in optimizer.param_groups:
+        on_device = group["fused"] or group["capturable"]
         for p in group["params"]:
             if not optimizer.state[p]:
-                optimizer.state[p] = {"step": torch.tensor(0.0),
+                step = torch.zeros((), dtype=torch.float32, device=p.device) if on_device else torch.tensor(0.0)
+                optimizer.state[p] = {"step": step,
                                       "exp_avg": torch.zeros_like(p, memory_format=torch.preserve_format),
                                       "exp_avg_sq": torch.zeros_like(p, memory_format=torch.preserve_format)}
 

@@ -68,7 +68,7 @@ class ParallelModel:
                  parallelism: ParallelismConfig, device: torch.device, seed: int,
                  checkpoint_activations: bool | Recompute | None,
                  autocast_dtype: torch.dtype | None, compile_blocks: bool = False,
-                 per_token_loss: bool = False) -> None:
+                 per_token_loss: bool = False, cpu_initialization: bool = False) -> None:
         self.plan = plan
         self.shape = shape
         self.tied_names = plan.tied_names(shape)
@@ -126,7 +126,7 @@ class ParallelModel:
                 if dims.ep > 1:  # the experts' own units first, over expert_dp: the blocks' then skip them
                     apply_expert_fsdp(part, expert_mesh["expert_dp"], dims.replicas, options)
                 apply_fsdp(part, plan.blocks(part), mesh[dims.replica_dim], options)
-        self._materialize(model, seed)
+        self._materialize(model, seed, torch.device("cpu") if cpu_initialization else device)
         self.forward_module: nn.Module = self.parts[0]
         replicated = dims.replicas > 1 and not self.uses_fsdp
         # The data-parallel (x context-parallel) group whose gradients `run` averages itself (no DDP wrapper).
@@ -179,13 +179,13 @@ class ParallelModel:
                     name = tied[0]
                 yield name, param
 
-    def _materialize(self, full_model: nn.Module, seed: int) -> None:
+    def _materialize(self, full_model: nn.Module, seed: int, init_device: torch.device) -> None:
         """Allocate the parts (built, split and sharded on the meta device) and initialise them.
 
-        The full model's parameters are drawn one at a time, in its own order, from ``seed``; each
-        part keeps its shard. Every layout thus starts from the same weights, while no rank ever holds
-        more than its share plus one full tensor (a model too large for one device builds when its
-        shares fit).
+        The full model's parameters are drawn one at a time, in its own order, from ``seed`` by
+        ``init_device``'s random generator; each part keeps its shard. Every layout thus starts from the
+        same weights, while no rank ever holds more than its share plus one full tensor (a model too
+        large for one device builds when its shares fit). Drawn on the CPU, they are the CPU run's on any device.
         """
         # FSDP2's CPU offload keeps the shards on the CPU: they are allocated there (its hooks move them).
         device = torch.device("cpu") if self.uses_fsdp and self.cpu_offload else self.device
@@ -197,7 +197,7 @@ class ParallelModel:
             local.setdefault(name, []).append(param)
         torch.manual_seed(seed)
         for name, meta_param in full_model.named_parameters():
-            full = torch.empty(meta_param.shape, device=self.device)
+            full = torch.empty(meta_param.shape, device=init_device)
             full_model.init_parameter(name, full)
             for param in local.get(name, ()):
                 copy_into_parameter(param, full)
