@@ -9,7 +9,7 @@ optimiser offloaded. Two figures per rank, the largest rank's shown:
   parameters + gradients + optimiser state;
 - peak in step: the largest of `trainer.metrics.memory_report.StepStateSampler`'s samples (end of forward, end of
   backward, before and after the optimiser step) of the steps after the first, which also counts FSDP2's
-  gathered weights and autocast's cached bf16 casts of the weights.
+  gathered weights and autocast's bf16 casts of the weights (at the end of forward).
 
     python -m benchmarks.memory                      # 4 ranks, hidden 128, 4 layers (about 0.9 M parameters)
     python -m benchmarks.memory --steps 2            # quicker: one step after the first (the peak needs two)
@@ -17,9 +17,10 @@ optimiser offloaded. Two figures per rank, the largest rank's shown:
 Formulas (bytes per rank): the paper's mixed precision (fp16 weights and gradients, fp32 master weights and
 Adam moments: K = 12) 16Ψ, 4Ψ + 12Ψ/N, 2Ψ + 14Ψ/N, 16Ψ/N. Ours keeps fp32 weights and gradients under
 autocast (bf16 computes from them): between steps 16Ψ, 8Ψ + 8Ψ/N, 16Ψ/N, 16Ψ/N; at the peak in fp32 16Ψ,
-8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N (stage 2's gathered weights at the end of forward), 16Ψ/N, and under bf16 autocast
-2Ψc more at every stage (Ψc: the weights autocast casts, all but the position table and the norms; its
-cache keeps the casts from forward to the end of backward). AdamW's step counters add 4 bytes per tensor.
+8Ψ + 8Ψ/N, 4Ψ + 12Ψ/N (stage 2's gathered weights at the end of forward), 16Ψ/N, and under bf16 autocast the
+same but stage 2's 2Ψ + 12Ψ/N (FSDP2 gathers bf16 weights). Autocast's casts of the weights (2Ψc; Ψc: all but the
+position table and the norms) live from the forward until the backward has used them: at stages 0-1 the end of
+forward holds them, below the end of backward's peak. AdamW's step counters add 4 bytes per tensor.
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ def _worker(rank: int, args: argparse.Namespace, port: int, prefix: str, workdir
                 if args.device == "cuda":  # each run's own peak (a CPU's peak RSS is the process's so far)
                     torch.cuda.empty_cache()
                     torch.cuda.reset_peak_memory_stats()
-                with StepStateSampler(torch.device(args.device)) as sampler:
+                with StepStateSampler(torch.device(args.device), torch.bfloat16 if bf16 else None) as sampler:
                     train(run_config(args, prefix, metrics, stage, offload, bf16))
                 peak = sampler.peak()
                 _run_file(workdir, label, bf16, f".rank{rank}.json").write_text(

@@ -8,7 +8,7 @@ step's status, seconds and figures) and ``profile.txt``; checkpoints, data and c
 Steps: ``environment`` (torch, the device, the modules the project needs); ``cuda_tests`` (the tests that
 skip without CUDA: tests/trainer/test_zero_offload.py and tests/trainer/test_on_device.py); ``gpu_step_*``
 (benchmarks/gpu_step.py for GPT-345M and mT5-base, eager at the model's micro-batch and the largest that fits,
-``--compile`` at the largest); ``workflow`` (the README's preprocess-data, train, generate and evaluate on
+``--compile`` at the same micro-batches); ``workflow`` (the README's preprocess-data, train, generate and evaluate on
 the device); ``profile`` (benchmarks/device/profile_step.py's table). With ``--device cpu --tiny`` every step
 runs on the CPU at tiny sizes, the same commands with the same device flag: a dry run of the script.
 
@@ -206,7 +206,7 @@ def _junit_counts(report: Path) -> dict:
 
 def gpu_step(model: str, compile_model: bool) -> Callable[[Settings, Commands], dict]:
     """The step of benchmarks/gpu_step.py for ``model``: eager at the model's micro-batch and the largest that
-    fits, or compiled at the largest the eager step found (the model's own if it found none)."""
+    fits, or compiled at the micro-batches the eager step measured (the model's own without its figures)."""
 
     def step(settings: Settings, run: Commands) -> dict:
         figures_path = settings.work / f"gpu_step_{model}_{'compile' if compile_model else 'eager'}.json"
@@ -215,7 +215,7 @@ def gpu_step(model: str, compile_model: bool) -> Callable[[Settings, Commands], 
         argv = ["--model", model, "--device", settings.device, "--steps", str(steps), "--warmup", str(warmup),
                 "--json", str(figures_path)] + (["--tiny"] if settings.tiny else [])
         if compile_model:
-            argv += ["--compile", *_largest_measured(settings.work / f"gpu_step_{model}_eager.json")]
+            argv += ["--compile", *_eager_measured(settings.work / f"gpu_step_{model}_eager.json")]
         else:
             argv += ["--max-micro-batch", str(TINY_MAX_MICRO_BATCH if settings.tiny else MAX_MICRO_BATCH[model])]
         run(python("-m", "benchmarks.gpu_step", *argv))
@@ -224,11 +224,13 @@ def gpu_step(model: str, compile_model: bool) -> Callable[[Settings, Commands], 
     return step
 
 
-def _largest_measured(eager_figures: Path) -> list[str]:
-    """``--micro-batch-size N``: the largest micro-batch the eager step measured; none (the model's own) without."""
+def _eager_measured(eager_figures: Path) -> list[str]:
+    """``--micro-batch-size N...``: the micro-batches the eager step measured (the model's own and the largest that
+    fits); none (the model's own) without its figures."""
     if not eager_figures.exists():
         return []
-    return ["--micro-batch-size", str(max(run["micro_batch_size"] for run in read_json(eager_figures)["runs"]))]
+    sizes = sorted({run["micro_batch_size"] for run in read_json(eager_figures)["runs"]})
+    return ["--micro-batch-size", *map(str, sizes)]
 
 
 def workflow(settings: Settings, run: Commands) -> dict:
@@ -280,8 +282,8 @@ STEPS: list[tuple[str, int, Callable[[Settings, Commands], dict]]] = [
     ("gpu_step_t5_eager", 75, gpu_step("t5", compile_model=False)),
     ("workflow", 110, workflow),
     ("profile", 30, profile),
-    ("gpu_step_gpt_compile", 90, gpu_step("gpt", compile_model=True)),
-    ("gpu_step_t5_compile", 150, gpu_step("t5", compile_model=True)),
+    ("gpu_step_gpt_compile", 180, gpu_step("gpt", compile_model=True)),
+    ("gpu_step_t5_compile", 180, gpu_step("t5", compile_model=True)),
 ]
 
 

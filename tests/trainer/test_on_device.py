@@ -5,8 +5,8 @@ CUDA device is available). ``TOKENMILL_TEST_DEVICE=cpu`` runs the same tests wit
 is how `benchmarks/device/run.sh`'s dry run checks them without a GPU. Promised, on the device:
 
 - `--use-cpu-initialization` gives the CPU run's initial weights bit for bit;
-- GPT, T5, BERT and a MoE GPT (fp32), started from those weights, give the CPU run's per-step losses within the parity tests' tolerance,
-  and a run resumed from a checkpoint saved halfway goes on as the straight run on the CPU;
+- GPT, T5, BERT and a MoE GPT (fp32), started from those weights, give the CPU run's per-step losses within the
+  parity tests' tolerance, and a run resumed from a checkpoint saved halfway goes on as the straight run on the CPU;
 - bf16 (GPT and MoE GPT, whose experts take the grouped GEMM on Hopper) trains within the CPU precision
   tests' bound of the fp32 CPU run, and fp16 with a loss scale that does not overflow likewise;
 - fp16 dynamic loss scaling: an overflowing scale skips steps, halves, and then training goes on, the

@@ -1,8 +1,9 @@
 """`trainer.metrics.memory_report.StepStateSampler`: the model-state bytes a rank holds at each point of a training
 step (end of forward, end of backward, before and after the optimiser step) at ZeRO stages 2 and 3 over
 DP 2 equal the sizes computed here from the model's parameter shapes (built on the meta device), in fp32
-and under bf16 autocast (FSDP2 gathers bf16 weights, which autocast does not cast again); in one process, a plain loop is sampled at those four points only, and autocast's
-casts count once per weight.
+and under bf16 autocast (FSDP2 gathers bf16 weights, which autocast does not cast again); in one process, a plain
+loop is sampled at those four points only, autocast's casts count once per weight (once per use without its
+cache), and a forward under autocast holds them at its end and no longer at the end of backward.
 
 By hand, for the model below (GPT, vocab 256, hidden 16, 1 layer, 32 positions, tied head):
     Ψ = 256·16 (tokens) + 32·16 (positions)
@@ -25,6 +26,7 @@ from torch import nn
 from trainer_testing import TINY_VOCAB, tiny_config
 
 from trainer.config import PrecisionConfig
+from trainer.parallel.runner import autocast_forward
 from trainer.metrics.memory_report import (
     AFTER_STEP,
     BACKWARD_END,
@@ -55,7 +57,7 @@ RUNS = [(2, False), (3, False), (2, True), (3, True)]
 
 def sampled_run(config) -> list[list[dict]]:
     """Train ``config`` under a `StepStateSampler`: every rank's samples and peak (collective)."""
-    with StepStateSampler(torch.device("cpu")) as sampler:
+    with StepStateSampler(torch.device("cpu"), torch.bfloat16 if config.precision.bf16 else None) as sampler:
         train(config)
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, {"samples": [dataclasses.asdict(s) for s in sampler.samples],
@@ -148,12 +150,27 @@ def test_a_plain_loop_is_sampled_at_the_four_points_and_evaluation_and_later_run
                                          optimizer=2 * 80 + 2 * STEP_BYTES, autocast_copies=0)
 
 
-def test_autocast_copies_count_each_cast_weight_once_and_only_what_its_cache_keeps():
-    """A weight used twice is cast once (autocast's cache); a layer norm's weight stays float32 on a CPU."""
+def test_autocast_copies_count_each_cast_weight_once_with_the_cache_and_each_use_without():
+    """A weight used twice is cast once (autocast's cache), twice without the cache; a layer norm's weight stays
+    float32 on a CPU."""
     linear, norm = nn.Linear(8, 8), nn.LayerNorm(8)
     x = torch.randn(2, 8)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         out = norm(linear(linear(x)))
-        assert sorted(autocast_copy_bytes([out], torch.bfloat16).values()) == [8 * BF16_BYTES, 64 * BF16_BYTES]
+    assert sorted(autocast_copy_bytes([out], torch.bfloat16).values()) == [8 * BF16_BYTES, 64 * BF16_BYTES]
     with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=False):
-        assert autocast_copy_bytes([linear(x)], torch.bfloat16) == {}
+        out = linear(linear(x))
+    assert sorted(autocast_copy_bytes([out], torch.bfloat16).values()) == [8 * BF16_BYTES] * 2 + [64 * BF16_BYTES] * 2
+
+
+def test_a_forward_under_autocast_holds_its_weight_casts_until_the_backward_has_used_them():
+    model = nn.Linear(4, 4)  # 16 + 4 weights, cast to bf16 in the forward
+    autocast_forward(model, "cpu", torch.bfloat16)
+    optimizer = torch.optim.AdamW(model.parameters())
+    with StepStateSampler(torch.device("cpu"), torch.bfloat16) as sampler:
+        for _ in range(STEPS):
+            optimizer.zero_grad(set_to_none=True)
+            model(torch.randn(2, 4)).float().sum().backward()
+            optimizer.step()
+    copies = {sample.point: sample.autocast_copies for sample in sampler.samples if sample.step == STEPS}
+    assert copies == {FORWARD_END: (16 + 4) * BF16_BYTES, BACKWARD_END: 0, BEFORE_STEP: 0, AFTER_STEP: 0}

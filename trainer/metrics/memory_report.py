@@ -152,9 +152,9 @@ FORWARD_END = "forward_end"
 """The model's forward returned (after FSDP2's post-forward resharding): gathered weights, autocast's casts."""
 BACKWARD_END = "backward_end"
 """Backward's end (an autograd callback, after FSDP2's final one: its units resharded, their gradients
-reduce-scattered); autocast's context, and so its cache, still open."""
+reduce-scattered); autocast's casts of the weights freed by then (see `StepStateSampler`)."""
 BEFORE_STEP = "before_step"
-"""The optimiser's step begins: gradients reduced (and sharded), autocast's context closed."""
+"""The optimiser's step begins: gradients reduced (and sharded)."""
 AFTER_STEP = "after_step"
 STEP_POINTS = (FORWARD_END, BACKWARD_END, BEFORE_STEP, AFTER_STEP)
 # The autograd node of a dtype cast (``Tensor.to``, autocast's casts).
@@ -175,25 +175,26 @@ class StateSample:
     gradients: int
     optimizer: int
     autocast_copies: int
-    """Autocast's cached low-precision casts of the parameters: numel x the autocast dtype's size each."""
+    """Autocast's low-precision casts of the parameters, alive for the backward: numel x the autocast dtype's
+    size each."""
 
     def total(self) -> int:
         return self.parameters + self.gradients + self.optimizer + self.autocast_copies
 
 
-def _cached_by_autocast(leaf: torch.Tensor) -> bool:
-    """Whether autocast keeps its cast of ``leaf`` in its cache until its outermost context exits: the test
-    of ATen's ``cached_cast`` (a float32 leaf that requires grad and is not a view, the cache enabled)."""
-    return (leaf.dtype == torch.float32 and leaf.is_leaf and leaf.requires_grad and not leaf._is_view()
-            and torch.is_autocast_cache_enabled())
+def _castable_weight(leaf: torch.Tensor) -> bool:
+    """Whether autocast casts ``leaf`` as a weight: the test of ATen's ``cached_cast`` (a float32 leaf that requires
+    grad and is not a view)."""
+    return leaf.dtype == torch.float32 and leaf.is_leaf and leaf.requires_grad and not leaf._is_view()
 
 
 def autocast_copy_bytes(outputs: Iterable[torch.Tensor], dtype: torch.dtype) -> dict[int, int]:
-    """Bytes of the casts to ``dtype`` that autocast made of the parameters ``outputs`` were computed from and
-    holds in its cache (``id(parameter)`` -> bytes; one cast per parameter however often it was used).
+    """Bytes of the casts to ``dtype`` that autocast made of the parameters ``outputs`` were computed from, which
+    autograd keeps for the backward (an id per cast -> bytes). With autocast's cache on (its default) a weight is
+    cast once however often the forward uses it; with it off, once per use.
 
-    The casts themselves are not reachable from Python (autocast's cache is C++); each shows in the autograd
-    graph as a ToCopyBackward0 node whose input is the parameter's AccumulateGrad.
+    The casts themselves are not reachable from Python (autograd's saved tensors are inside its nodes); each
+    shows in the autograd graph as a ToCopyBackward0 node whose input is the parameter's AccumulateGrad.
     """
     stack = [t.grad_fn for t in outputs if t.grad_fn is not None]
     seen: set = set()
@@ -205,15 +206,15 @@ def autocast_copy_bytes(outputs: Iterable[torch.Tensor], dtype: torch.dtype) -> 
         seen.add(node)
         inputs = [function for function, _ in node.next_functions]
         leaf = getattr(inputs[0], "variable", None) if inputs else None
-        if type(node).__name__ == CAST_NODE and leaf is not None and _cached_by_autocast(leaf):
-            copies[id(leaf)] = _local(leaf).numel() * dtype.itemsize
+        if type(node).__name__ == CAST_NODE and leaf is not None and _castable_weight(leaf):
+            copies[id(node)] = _local(leaf).numel() * dtype.itemsize
         stack.extend(inputs)
     return copies
 
 
 class StepStateSampler:
-    """Counts a rank's model states (`_count_states`, each storage once, plus autocast's cached casts) at the
-    points of every training step where they peak (STEP_POINTS), without changing the training loop.
+    """Counts a rank's model states (`_count_states`, each storage once, plus autocast's casts of the weights) at
+    the points of every training step where they peak (STEP_POINTS), without changing the training loop.
 
         with StepStateSampler(device) as sampler:
             train(config)
@@ -225,7 +226,10 @@ class StepStateSampler:
     backward ends (after FSDP2's final callback, queued by an earlier hook on the same output; DDP's, queued
     later, only copies averaged values into gradients that already exist); every torch optimiser's step (a
     `trainer.parallel.zero.ShardedAdamW`'s inner AdamW) is sampled before and after. The training tensors are the
-    module's parameters when the step begins (FSDP2 has resharded them all by then).
+    module's parameters when the step begins (FSDP2 has resharded them all by then). With ``autocast_dtype`` (the
+    run's bf16 or fp16 autocast) its casts of the weights count at the end of forward: the model's forward runs
+    under autocast and closes it on return (`trainer.parallel.runner.autocast_forward`), and autograd keeps the
+    casts until the backward has used them, so none is left at the end of backward.
 
     Not counted, being out of reach of the modules and the optimiser: DDP's gradient buckets (another 4Ψ at
     stages 0-1, PyTorch's ``gradient_as_bucket_view=False``), FSDP2's unsharded gradients accumulated between
@@ -233,8 +237,9 @@ class StepStateSampler:
     buffers of an all-gather or reduce-scatter in flight (the paper's temporary buffers).
     """
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, autocast_dtype: torch.dtype | None = None) -> None:
         self.device = device
+        self.autocast_dtype = autocast_dtype
         self.samples: list[StateSample] = []
         self._module: torch.nn.Module | None = None
         self._optimizer = None
@@ -285,9 +290,7 @@ class StepStateSampler:
         if not tensors or not torch.is_grad_enabled():
             return  # an evaluation
         self._module = module
-        device_type = self.device.type
-        self._copies = (autocast_copy_bytes(tensors, torch.get_autocast_dtype(device_type))
-                        if torch.is_autocast_enabled(device_type) else {})
+        self._copies = autocast_copy_bytes(tensors, self.autocast_dtype) if self.autocast_dtype is not None else {}
         self._sample(FORWARD_END, with_copies=True)
         tensors[0].register_hook(self._queue_backward_end)
 
@@ -295,8 +298,7 @@ class StepStateSampler:
         Variable._execution_engine.queue_callback(self._backward_end)
 
     def _backward_end(self) -> None:
-        # Autocast clears its cache when its outermost context exits, which `ParallelModel.run` does after backward.
-        self._sample(BACKWARD_END, with_copies=torch.is_autocast_enabled(self.device.type))
+        self._sample(BACKWARD_END, with_copies=False)  # the backward has used, and freed, every cast
 
     def _before_step(self, optimizer: torch.optim.Optimizer, args, kwargs) -> None:
         self._optimizer = optimizer

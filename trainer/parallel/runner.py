@@ -12,6 +12,7 @@ embedding, so optimiser state and checkpoints line up across layouts.
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 from collections.abc import Iterator
 
@@ -51,6 +52,22 @@ from trainer.parallel.zero import FULL_SHARD_STAGE, average_gradients, uses_fsdp
 def _full(loss: torch.Tensor) -> torch.Tensor:
     """A loss as a plain tensor (under loss_parallel it is a replicated DTensor)."""
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
+
+
+def autocast_forward(module: nn.Module, device_type: str, dtype: torch.dtype) -> None:
+    """Make ``module``'s forward run under ``torch.autocast(device_type, dtype)`` wherever it is called (directly,
+    through DDP or FSDP2, as a pipeline stage), its bound method wrapped in place (Hugging Face Accelerate's
+    way). The backward then runs outside autocast, in the dtypes the forward recorded, as PyTorch's AMP recipe has
+    it: under autocast the backward's own products would be cast again (an fp32 gradient to bf16 and back, one
+    copy kernel each, and a lower precision than the forward's where the forward computed in fp32)."""
+    forward = module.forward
+
+    @functools.wraps(forward)
+    def forward_under_autocast(*args, **kwargs):
+        with torch.autocast(device_type, dtype=dtype):
+            return forward(*args, **kwargs)
+
+    module.forward = forward_under_autocast
 
 
 class ParallelModel:
@@ -127,6 +144,9 @@ class ParallelModel:
                     apply_expert_fsdp(part, expert_mesh["expert_dp"], dims.replicas, options)
                 apply_fsdp(part, plan.blocks(part), mesh[dims.replica_dim], options)
         self._materialize(model, seed, torch.device("cpu") if cpu_initialization else device)
+        if autocast_dtype is not None:
+            for part in self.parts:
+                autocast_forward(part, device.type, autocast_dtype)
         self.forward_module: nn.Module = self.parts[0]
         replicated = dims.replicas > 1 and not self.uses_fsdp
         # The data-parallel (x context-parallel) group whose gradients `run` averages itself (no DDP wrapper).
@@ -249,15 +269,11 @@ class ParallelModel:
         """A micro-batch tensor [batch, seq, ...] cut to this cp rank's tokens (itself without cp)."""
         return tensor if self.cp_layout is None else self.cp_layout.shard(tensor)
 
-    @contextlib.contextmanager
-    def _compute_context(self) -> Iterator[None]:
-        with contextlib.ExitStack() as stack:
-            if self.autocast_dtype is not None:
-                stack.enter_context(torch.autocast(self.device.type, dtype=self.autocast_dtype))
-            if self.dims.tp > 1:
-                # The head's logits stay sharded over the vocabulary; forward and backward both need it.
-                stack.enter_context(loss_parallel())
-            yield
+    def _compute_context(self) -> contextlib.AbstractContextManager:
+        """Around the forward, the loss and the backward: under tensor parallelism ``loss_parallel`` (the head's
+        logits stay sharded over the vocabulary; forward and backward both need it). Autocast is the parts' own
+        (`autocast_forward`): the backward runs outside it."""
+        return loss_parallel() if self.dims.tp > 1 else contextlib.nullcontext()
 
     def set_train(self, mode: bool) -> None:
         for part in self.parts:
