@@ -91,7 +91,6 @@ class ParallelModel:
         self.tied_names = plan.tied_names(shape)
         self.dims = dims
         self.device = device
-        self.autocast_dtype = autocast_dtype
         self.loss_scale = 1.0
         # Times the forward and backward compute apart (`--timing-log-level 2`); the run sets its own.
         self.timer = StepTimer(enabled=False, device=device)
