@@ -85,22 +85,24 @@ def scale_grads(params: list[nn.Parameter], factor: float) -> None:
     """Multiply every gradient by ``factor`` in place (clipping and loss-scale division), on this rank's own part
     of it (exact for any DTensor placement), with torch's multi-tensor kernels: a few launches rather than one per
     parameter, which on a GPU is host time the device waits through after the gradient norm is read."""
-    grads = _local_grads(params)
-    if factor == 1.0 or not grads:
+    if factor == 1.0:
         return
-    with torch.no_grad():
-        torch._foreach_mul_(grads, factor)
+    grads = _local_grads(params)
+    if grads:
+        with torch.no_grad():
+            torch._foreach_mul_(grads, factor)
 
 
 def divide_grads(params: Iterable[nn.Parameter], divisor: int) -> None:
     """Divide every gradient by ``divisor`` in place, on this rank's own part of it: exact for any DTensor
     placement (a pending sum divides term by term), where DTensor's own in-place division of a pending sum is
     refused by torch 2.10 (what a pipeline schedule's ``scale_grads`` does)."""
-    grads = _local_grads(params)
-    if divisor == 1 or not grads:
+    if divisor == 1:
         return
-    with torch.no_grad():
-        torch._foreach_div_(grads, divisor)
+    grads = _local_grads(params)
+    if grads:
+        with torch.no_grad():
+            torch._foreach_div_(grads, divisor)
 
 
 def clip_factor(total_norm: float, max_norm: float) -> float:
