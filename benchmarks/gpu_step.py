@@ -6,8 +6,9 @@ and LiBai's mT5-base (12+12 layers, d_model 768, 12 heads of 64, gated-GELU d_ff
 weights on both sides; no dropout (the two sides draw no random numbers, so their losses match).
 
 - ours: the trainer's `ParallelModel` of the family (its autocast, loss and, with ``--compile``, its
-  per-block torch.compile), the AdamW kernel `trainer.optim.optimizer.select_adamw_kernel` picks (fused on
-  CUDA), the trainer's global gradient norm and clipping;
+  torch.compile: of the whole model, a one-process run's), the AdamW kernel
+  `trainer.optim.optimizer.select_adamw_kernel` picks (fused on CUDA), the trainer's global gradient norm
+  and clipping;
 - plain: the same model class with the same initial weights, ``torch.autocast``, cross-entropy,
   ``clip_grad_norm_`` and ``torch.optim.AdamW(fused=True)``; with ``--compile``, ``torch.compile`` of
   the whole model. Attention is ``scaled_dot_product_attention`` in both (the models call it).
@@ -333,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=(*WORKLOADS, "all"), default="all")
     parser.add_argument("--compile", action="store_true",
-                        help="torch.compile: ours per block (train --compile), plain the whole model")
+                        help="torch.compile: ours as train --compile (here the whole model), plain the whole model")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--batches", type=int, default=4, help="distinct random micro-batches, used in turn")

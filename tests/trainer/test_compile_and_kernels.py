@@ -1,9 +1,10 @@
-"""``train --compile`` (torch.compile of each block) and the AdamW kernel choice.
+"""``train --compile`` (torch.compile of a one-process run's whole model, else of each block) and the AdamW kernel
+choice.
 
-Compiled and eager runs of the same tiny GPT and T5 (T5: `-m campaign`) give the same losses within
-`COMPILE_RTOL`; the compiled run keeps its parameter names (checkpoints do not change); the AdamW kernel is fused on CUDA,
-multi-tensor elsewhere, and the per-parameter loop where the parameter list mixes layouts; the state a checkpoint
-loads into sits where the kernel reads it;
+Compiled and eager runs of the same tiny GPT (one process, and two data-parallel ones) and T5 (`-m campaign`)
+give the same losses within `COMPILE_RTOL`; the compiled run keeps its parameter names (checkpoints do not
+change); the AdamW kernel is fused on CUDA, multi-tensor elsewhere, and the per-parameter loop where the
+parameter list mixes layouts; the state a checkpoint loads into sits where the kernel reads it;
 ``benchmarks/gpu_step.py`` runs end to end on a CPU (tiny shapes) and refuses in one line without CUDA.
 """
 
@@ -19,7 +20,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
-from trainer_testing import LOSS_RTOL, result_record, t5_config, tiny_config
+from trainer_testing import LOSS_RTOL, result_record, run_in_processes, t5_config, tiny_config
 
 from trainer.cli.train_args import build_parser, config_from_args
 from trainer.config import OptimizerConfig, ParallelismConfig
@@ -31,6 +32,7 @@ from trainer.parallel.runner import ParallelModel
 
 REPO = Path(__file__).resolve().parents[2]
 STEPS = 3
+DATA_PARALLEL = 2
 # Inductor's CPU code fuses the norms, softmax and GELU into loops of its own and vectorises their sums
 # in another order than the eager kernels: activations differ by a few fp32 ulps (eps = 1.2e-7
 # relative), and AdamW, which divides every update by sqrt(v), turns ulp-sized gradient differences of
@@ -79,17 +81,28 @@ def test_compiled_t5_trains_like_eager(sentence_prefix, data_test, tmp_path, fre
     assert_same_losses(result_record(compiled(config)), result_record(config))
 
 
-def test_compile_keeps_parameter_names_and_wraps_each_block():
+def test_compile_keeps_parameter_names_and_compiles_a_one_process_model_whole():
     shape = GPTShape(num_layers=2, hidden_size=32, num_attention_heads=2, ffn_hidden_size=64,
                      max_position_embeddings=8, padded_vocab_size=64)
     dims = ParallelDims(pp=1, dp=1, tp=1, micro_batch_size=1, num_microbatches=1)
     args = (GPT_PLAN, shape, dims, None, ParallelismConfig(), torch.device("cpu"), 0, False, None)
     eager, compiled_model = ParallelModel(*args), ParallelModel(*args, compile_blocks=True)
     assert [n for n, _ in compiled_model.named_parameters()] == [n for n, _ in eager.named_parameters()]
-    # Building compiles nothing yet (torch.compile is lazy): the forwards are only wrapped.
-    blocks = compiled_model.parts[0].layers.values()
-    assert all("forward" in vars(block) for block in blocks)
-    assert not any("forward" in vars(block) for block in eager.parts[0].layers.values())
+    # Building compiles nothing yet (torch.compile is lazy): the forward is only wrapped, the whole model's
+    # (as `torch.compile(model)`: one graph, no host work between blocks), not each block's.
+    assert "forward" in vars(compiled_model.parts[0]) and "forward" not in vars(eager.parts[0])
+    assert not any("forward" in vars(block) for block in compiled_model.parts[0].layers.values())
+
+
+@pytest.mark.timeout(600)
+def test_compiled_data_parallel_run_compiles_each_block_and_trains_like_eager(tiny_prefix, cache_dir, workdir,
+                                                                              tmp_path, monkeypatch):
+    # Two processes: DDP wraps the model, so each block is compiled on its own (torchtitan's rule; DDP's
+    # bucketed all-reduces run between the blocks' backward graphs).
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # the spawned processes inherit it
+    eager = short_run(tiny_config(tiny_prefix, cache_dir))
+    compiled_result, eager_result = run_in_processes(DATA_PARALLEL, [compiled(eager), eager], workdir)
+    assert_same_losses(compiled_result, eager_result)
 
 
 def test_compile_is_a_train_flag():

@@ -15,24 +15,25 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, Offlo
 from torch.nn.parallel import DistributedDataParallel
 
 
-def apply_compile(blocks: list[nn.Module]) -> None:
-    """``torch.compile`` each block's forward in place (torchtitan's ``apply_compile``: per block, after
-    tensor parallelism and activation checkpointing, before FSDP).
+def apply_compile(modules: list[nn.Module]) -> None:
+    """``torch.compile`` each module's forward in place: each transformer block (torchtitan's ``apply_compile``:
+    per block, after tensor parallelism and activation checkpointing, before FSDP), or a one-process run's whole
+    model.
 
-    Per block, not the whole model: the blocks share one code object, so dynamo compiles a block kind
+    Per block where the model is wrapped: the blocks share one code object, so dynamo compiles a block kind
     once and reuses it for its siblings, and the embeddings, head and parallel wrappers stay eager. The
     forward is replaced rather than the module wrapped (``torch.compile(module)``), so parameter names
     (checkpoints, optimiser state) gain no ``_orig_mod.`` and the hooks FSDP2 registers on the block
     later run eagerly around the compiled code, as they do around torchtitan's wrapper.
-    ``fullgraph=True``: a graph break inside a block is a bug to fix, not a silent slowdown.
+    ``fullgraph=True``: a graph break inside a module is a bug to fix, not a silent slowdown.
 
     A module that sets ``compile_parts_only = True`` (`COMPILE_PARTS_ONLY`; a MoE layer, whose token
     dispatch has data-dependent sizes) keeps its own forward eager, and so do the modules holding it: their
     other submodules are compiled instead (torchtitan's rule for MoE blocks: attention, norms, router
     compiled; dispatch eager).
     """
-    for block in blocks:
-        _compile_static_parts(block)
+    for module in modules:
+        _compile_static_parts(module)
 
 
 COMPILE_PARTS_ONLY = "compile_parts_only"

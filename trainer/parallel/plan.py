@@ -53,8 +53,8 @@ class ParallelPlan:
     """(part, tp mesh, sequence parallel): shard a part in place. Raises `TrainConfigError` for a size that
     does not divide or a mode the family lacks."""
     blocks: Callable[[nn.Module], list[nn.Module]]
-    """A part's transformer blocks: compiled one by one under ``--compile``, one FSDP2 unit each
-    (`trainer.parallel.parallelize.apply_fsdp`)."""
+    """A part's transformer blocks: compiled one by one under ``--compile`` where the model is wrapped (more
+    than one process), one FSDP2 unit each (`trainer.parallel.parallelize.apply_fsdp`)."""
     tied_names: Callable[[Shape], tuple[str, str] | None]
     """(embedding name, name of the last pipeline stage's copy) of a tied input/output weight; None if untied."""
     model_inputs: Callable[[MicroBatch], tuple[torch.Tensor, ...]]

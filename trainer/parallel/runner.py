@@ -135,7 +135,10 @@ class ParallelModel:
             if recompute is not None:
                 apply_recompute(part, recompute)
             if compile_blocks:
-                apply_compile(plan.blocks(part))
+                # One process holds the whole model, unwrapped: compiled whole, as `torch.compile(model)` would
+                # be (one graph each way; per block, the host's launches between blocks starve a fast device at
+                # small micro-batches). Otherwise each block, which FSDP2, DDP and the pipeline stages wrap.
+                apply_compile([part] if dims.world_size == 1 else plan.blocks(part))
             if self.uses_fsdp:
                 options = fsdp_options(self.zero_stage == FULL_SHARD_STAGE, self.cpu_offload, autocast_dtype,
                                        device.type, self.reduce_dtype)
