@@ -13,14 +13,17 @@ weights on both sides; no dropout (the two sides draw no random numbers, so thei
   ``clip_grad_norm_`` and ``torch.optim.AdamW(fused=True)``; with ``--compile``, ``torch.compile`` of
   the whole model. Attention is ``scaled_dot_product_attention`` in both (the models call it).
 
-Each side trains ``--warmup`` steps (compilation happens there), then ``--steps`` timed steps on
-batches already on the device; it reports tokens/s, samples/s, model TFLOP/s (the trainer's FLOP
-counts), MFU against the device's bf16 peak (`trainer.metrics.writers.PEAK_FLOPS`) and peak memory. The
-sides run one after the other, each freed before the next is built, so each peak is its own.
+Each side trains ``--warmup`` steps (compilation happens there), then ``--windows`` (3) windows of
+``--steps`` timed steps on batches already on the device, each window timed between a drained device and
+a drained device; it reports its median window's tokens/s, samples/s, model TFLOP/s (the trainer's FLOP
+counts) and MFU against the device's bf16 peak (`trainer.metrics.writers.PEAK_FLOPS`), and its peak
+memory. (On an H200, single 10-step windows at the seeds' small micro-batches, where the GPU waits on the
+host, put mT5-base's ratio at 0.85 and 0.90 in two calls, and a 30-step window at 0.98.) The sides run one
+after the other, each freed before the next is built, so each peak is its own.
 
     python -m benchmarks.gpu_step                          # both models, eager, on the CUDA device
     python -m benchmarks.gpu_step --compile                # the same, torch.compile
-    python -m benchmarks.gpu_step --model gpt --steps 20
+    python -m benchmarks.gpu_step --model gpt --steps 20 --windows 5
     python -m benchmarks.gpu_step --max-micro-batch 64 --json gpu_step.json   # also the largest micro-batch
                                                                               # that fits; figures as JSON
     python -m benchmarks.gpu_step --tiny --device cpu --steps 2    # end-to-end check of the script on a CPU
@@ -36,6 +39,7 @@ import dataclasses
 import gc
 import json
 import os
+import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -146,14 +150,29 @@ WORKLOADS = {"gpt": gpt_workload, "t5": t5_workload}
 
 
 @dataclass(frozen=True, slots=True)
-class SideResult:
-    """What one side measured over its timed steps."""
+class Timing:
+    """How each side is timed: ``warmup`` untimed steps (compilation happens there), then ``windows`` windows of
+    ``steps`` steps; a side's rate is its median window's (one window's hiccup, a clock change, the host's other
+    work, moves no figure)."""
 
-    seconds: float
-    """Wall time of the timed steps."""
+    warmup: int
+    steps: int
+    windows: int
+
+
+@dataclass(frozen=True, slots=True)
+class SideResult:
+    """What one side measured over its timed windows of steps."""
+
+    seconds_per_step: list[float]
+    """Each window's wall time per step, in the order run."""
     last_loss: float
     peak_memory_bytes: int | None
     """None on a CPU."""
+
+    @property
+    def median_seconds_per_step(self) -> float:
+        return statistics.median(self.seconds_per_step)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -161,20 +180,23 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _timed(device: torch.device, warmup: int, steps: int, step: Callable[[int], torch.Tensor]) -> SideResult:
-    """Run ``warmup`` then ``steps`` steps of ``step(index) -> loss``; time the latter."""
-    for index in range(warmup):
+def _timed(device: torch.device, timing: Timing, step: Callable[[int], torch.Tensor]) -> SideResult:
+    """Run ``step(index) -> loss`` as ``timing`` says, each window timed from a drained device to a drained one."""
+    for index in range(timing.warmup):
         step(index)
     _synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    begin = time.perf_counter()
-    for index in range(warmup, warmup + steps):
-        loss = step(index)
-    _synchronize(device)
-    seconds = time.perf_counter() - begin
+    seconds_per_step = []
+    for window in range(timing.windows):
+        first = timing.warmup + window * timing.steps
+        begin = time.perf_counter()
+        for index in range(first, first + timing.steps):
+            loss = step(index)
+        _synchronize(device)
+        seconds_per_step.append((time.perf_counter() - begin) / timing.steps)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return SideResult(seconds=seconds, last_loss=float(loss), peak_memory_bytes=peak)
+    return SideResult(seconds_per_step=seconds_per_step, last_loss=float(loss), peak_memory_bytes=peak)
 
 
 def build_ours(work: Workload, batches: list, device: torch.device,
@@ -201,14 +223,14 @@ def build_ours(work: Workload, batches: list, device: torch.device,
     return step, initial
 
 
-def run_ours(work: Workload, batches: list, device: torch.device, warmup: int, steps: int,
+def run_ours(work: Workload, batches: list, device: torch.device, timing: Timing,
              compile_blocks: bool) -> tuple[SideResult, dict[str, torch.Tensor]]:
     """Our side; also returns its initial weights (on the CPU) for the plain side to start from."""
     step, initial = build_ours(work, batches, device, compile_blocks)
-    return _timed(device, warmup, steps, step), initial
+    return _timed(device, timing, step), initial
 
 
-def run_plain(work: Workload, batches: list, device: torch.device, warmup: int, steps: int, compile_model: bool,
+def run_plain(work: Workload, batches: list, device: torch.device, timing: Timing, compile_model: bool,
               initial: dict[str, torch.Tensor]) -> SideResult:
     """The plain loop over the same model class, from the same initial weights."""
     with torch.device(device):
@@ -236,7 +258,7 @@ def run_plain(work: Workload, batches: list, device: torch.device, warmup: int, 
         optimizer.step()
         return loss.detach()
 
-    return _timed(device, warmup, steps, step)
+    return _timed(device, timing, step)
 
 
 def _free(device: torch.device) -> None:
@@ -245,9 +267,10 @@ def _free(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
-def report(name: str, work: Workload, side: SideResult, steps: int, peak_flops: float | None) -> dict:
-    """Print one side's line; returns its figures (``mfu`` a fraction, None where the peak is unknown)."""
-    samples_per_s = steps * work.micro_batch_size / side.seconds
+def report(name: str, work: Workload, side: SideResult, peak_flops: float | None) -> dict:
+    """Print one side's line (its median window's rates); returns its figures (``mfu`` a fraction, None where the
+    peak is unknown; ``window_tokens_per_s`` each window's rate, in the order run)."""
+    samples_per_s = work.micro_batch_size / side.median_seconds_per_step
     tokens_per_s = samples_per_s * work.tokens_per_sample
     tflops = tokens_per_s * work.flops_per_token / 1e12
     mfu = tflops * 1e12 / peak_flops if peak_flops else None
@@ -257,7 +280,9 @@ def report(name: str, work: Workload, side: SideResult, steps: int, peak_flops: 
     print(f"  {name:5s}: {tokens_per_s:12,.0f} tokens/s  {samples_per_s:9.2f} samples/s  {tflops:8.2f} TFLOP/s  "
           f"MFU {mfu_text}  peak memory {memory_text}  last loss {side.last_loss:.4f}")
     return {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s, "tflops": tflops, "mfu": mfu,
-            "peak_memory_gib": peak_gib, "last_loss": side.last_loss}
+            "peak_memory_gib": peak_gib, "last_loss": side.last_loss,
+            "window_tokens_per_s": [work.micro_batch_size * work.tokens_per_sample / seconds
+                                    for seconds in side.seconds_per_step]}
 
 
 def fits(work: Workload, device: torch.device) -> bool:
@@ -299,6 +324,7 @@ def benchmark(family: str, args: argparse.Namespace, device: torch.device) -> li
         print(f"{family}: the largest micro-batch that fits is {largest} (tried up to {args.max_micro_batch})")
         sizes = sorted({*sizes, largest})
     mode = "compile" if args.compile else "eager"
+    timing = Timing(warmup=args.warmup, steps=args.steps, windows=args.windows)
     peak = device_peak_flops(device, low_precision=True)
     records = []
     for micro_batch_size in sizes:
@@ -306,15 +332,15 @@ def benchmark(family: str, args: argparse.Namespace, device: torch.device) -> li
         generator = torch.Generator().manual_seed(SEED)
         batches = [work.batch(generator, device) for _ in range(args.batches)]
         print(f"{family} ({'tiny' if args.tiny else 'full'}): micro-batch {work.micro_batch_size} x "
-              f"{' + '.join(map(str, work.lengths))} positions, bf16 autocast, {mode}, {args.warmup} warm-up + "
-              f"{args.steps} timed steps")
-        ours, initial = run_ours(work, batches, device, args.warmup, args.steps, args.compile)
+              f"{' + '.join(map(str, work.lengths))} positions, bf16 autocast, {mode}, {timing.warmup} warm-up + "
+              f"{timing.windows} x {timing.steps} timed steps (median window)")
+        ours, initial = run_ours(work, batches, device, timing, args.compile)
         _free(device)
-        plain = run_plain(work, batches, device, args.warmup, args.steps, args.compile, initial)
+        plain = run_plain(work, batches, device, timing, args.compile, initial)
         del batches, initial
         _free(device)
-        ours_figures = report("ours", work, ours, args.steps, peak)
-        plain_figures = report("plain", work, plain, args.steps, peak)
+        ours_figures = report("ours", work, ours, peak)
+        plain_figures = report("plain", work, plain, peak)
         ratio = ours_figures["tokens_per_s"] / plain_figures["tokens_per_s"]
         print(f"  ratio ours/plain: {ratio:.3f} (target >= 0.95)")
         records.append({"model": family, "mode": mode, "micro_batch_size": micro_batch_size,
@@ -335,7 +361,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", choices=(*WORKLOADS, "all"), default="all")
     parser.add_argument("--compile", action="store_true",
                         help="torch.compile: ours as train --compile (here the whole model), plain the whole model")
-    parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
+    parser.add_argument("--steps", type=int, default=10, help="timed steps per window")
+    parser.add_argument("--windows", type=int, default=3,
+                        help="timed windows per side; the figures are the median window's")
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
     parser.add_argument("--batches", type=int, default=4, help="distinct random micro-batches, used in turn")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
@@ -352,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    for flag, values in (("--micro-batch-size", args.micro_batch_size or []),
+    for flag, values in (("--steps", [args.steps]), ("--windows", [args.windows]),
+                         ("--micro-batch-size", args.micro_batch_size or []),
                          ("--max-micro-batch", [args.max_micro_batch] if args.max_micro_batch is not None else [])):
         if any(value < 1 for value in values):
             parser.error(f"{flag} must be at least 1, got {min(values)}")
