@@ -53,7 +53,7 @@ from torch import nn
 from trainer.config import OptimizerConfig, ParallelismConfig
 from trainer.data.batches import IGNORE_INDEX
 from trainer.models.gpt.data import GPTMicroBatch
-from trainer.optim.grads import clip_factor, global_grad_norm, scale_grads
+from trainer.optim.grads import clip_factor, global_grad_norm, mean_loss, queue_host_read, scale_grads
 from trainer.metrics.writers import device_peak_flops
 from trainer.models import model_spec
 from trainer.models.gpt.model import GPT, GPTShape
@@ -212,12 +212,15 @@ def build_ours(work: Workload, batches: list, device: torch.device,
     model.set_train(True)
 
     def step(index: int) -> torch.Tensor:
-        # `trainer.train`'s step without fp16 loss scaling.
+        # `trainer.train`'s step without fp16 loss scaling: the clipping and the optimizer's step queued before
+        # the host reads the loss and the gradient norm (the trainer logs and checks them every step).
         optimizer.zero_grad(set_to_none=True)
         loss, _ = model.run([batches[index % len(batches)]], train=True)
         norm = global_grad_norm(model.norm_parameters(), None)
-        scale_grads(params, clip_factor(float(norm), CLIP_GRAD))
+        figures = queue_host_read(torch.stack([mean_loss(loss, True, 1, 1), norm]))
+        scale_grads(params, clip_factor(norm, CLIP_GRAD))
         optimizer.step()
+        figures()
         return loss
 
     return step, initial

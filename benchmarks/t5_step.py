@@ -69,7 +69,7 @@ def ours_step(model, optimizer, batches: Prefetcher) -> float:
     batch = next(batches)
     optimizer.zero_grad(set_to_none=True)
     loss_of(model, batch).backward()
-    scale_grads(params, clip_factor(float(global_grad_norm(params, None)), CLIP))
+    scale_grads(params, clip_factor(global_grad_norm(params, None), CLIP))
     optimizer.step()
     return time.perf_counter() - begin
 

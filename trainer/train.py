@@ -53,6 +53,8 @@ from trainer.optim.grads import (
     clip_factor,
     global_grad_norm,
     has_non_finite_grads,
+    mean_loss,
+    queue_host_read,
     ranks_where,
     reduce_loss,
     scale_grads,
@@ -416,21 +418,32 @@ class _Run:
         with self.timer.phase("forward_backward"):
             loss_sum, holds_loss = self.model.run(microbatches, train=True)
         auxiliary = self.model.auxiliary_metrics()
-        # The loss is read before the optimizer step is queued, so that nothing waits for that step's kernels:
-        # on a GPU the next step's batch is copied and its first kernels queued while the optimizer runs.
-        loss = reduce_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
+        precision = self.config.precision
         with self.timer.phase("grad_clip"):
-            norm = float(global_grad_norm(self.model.norm_parameters(), self.model.pp_group)) / self.scaler.scale
-            if math.isfinite(norm):
-                scale_grads(self.params, clip_factor(norm, self.config.optimizer.clip_grad) / self.scaler.scale)
-        if math.isfinite(norm):
+            loss_on_device = mean_loss(loss_sum, holds_loss, len(microbatches),
+                                       self.dims.dp * self.dims.cp * self.dims.tp)
+            norm_on_device = global_grad_norm(self.model.norm_parameters(), self.model.pp_group) / self.scaler.scale
+            figures = queue_host_read(torch.stack([loss_on_device, norm_on_device]))
+            scale_grads(self.params, clip_factor(norm_on_device, self.config.optimizer.clip_grad) / self.scaler.scale)
+        # A loss scaler (fp16, --loss-scale) skips a step whose gradients overflowed, and so does a run without the
+        # NaN check: the host reads the norm before the optimizer's step. Otherwise a non-finite value stops the
+        # run, so the step is queued first: on a GPU the device runs the optimizer while the host waits for the
+        # figures (the norm, not the optimizer), reads them and queues the next step's batch and forward.
+        steps_first = not (precision.fp16 or precision.loss_scale is not None or
+                           precision.no_check_for_nan_in_loss_and_grad)
+        if steps_first:
             with self.timer.phase("optimizer"):
                 self.optimizer.step()
-        else:
-            self.skipped += 1
-            if self.ctx.rank == 0:
-                logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
-                               self.iteration, self.scaler.scale, self.skipped)
+        loss, norm = figures()
+        if not steps_first:
+            if math.isfinite(norm):
+                with self.timer.phase("optimizer"):
+                    self.optimizer.step()
+            else:
+                self.skipped += 1
+                if self.ctx.rank == 0:
+                    logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
+                                   self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
         if not self.config.precision.no_check_for_nan_in_loss_and_grad:
             self._check_finite(loss, norm, loss_sum if holds_loss else None)

@@ -12,7 +12,8 @@ is how `benchmarks/device/run.sh`'s dry run checks them without a GPU. Promised,
 - fp16 dynamic loss scaling: an overflowing scale skips steps, halves, and then training goes on, the
   learning rate held over the skipped steps (as on the CPU);
 - ``--compile`` trains like eager on the device, and the AdamW kernel is the fused one on CUDA;
-- on CUDA, the forward and backward of a training step never wait for the device (no host read inside them).
+- on CUDA, a training step waits for the device only to read its loss and gradient norm, once, after its
+  optimizer step is queued.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from test_compile_and_kernels import COMPILE_RTOL, fresh_compiler, short_run  # 
 from test_parity import TOLERANCE
 from trainer_testing import TINY_VOCAB, lr_after_steps, result_record, t5_config, tiny_config
 
+import trainer.train as train_module
 from trainer.config import MoEConfig, TrainConfig
 from trainer.models import model_spec
 from trainer.models.gpt.spec import PLAN as GPT_PLAN
@@ -151,27 +153,40 @@ def test_moe_gpt_follows_the_cpu_run_and_resumes(tiny_prefix, cache_dir, tmp_pat
 
 @pytest.mark.skipif(torch.device(DEVICE).type != "cuda", reason="host-device synchronisation is a CUDA matter")
 @pytest.mark.parametrize("family", ["gpt", "t5", "bert"])
-def test_forward_and_backward_never_wait_for_the_device(family, monkeypatch, tiny_prefix, cache_dir,
-                                                        sentence_prefix, wordpiece_sentences, data_test, tmp_path):
-    # The step reads its loss and gradient norm to the host once the backward is queued; inside the forward and
-    # backward a host read (.item(), a blocking copy) stalls the queue, costing the most at small micro-batches.
+def test_a_training_step_waits_for_the_device_only_to_read_its_figures(family, monkeypatch, tiny_prefix, cache_dir,
+                                                                      sentence_prefix, wordpiece_sentences, data_test,
+                                                                      tmp_path):
+    # A bf16 step queues its forward, backward, gradient norm, clipping and optimizer step, then reads its loss
+    # and gradient norm to the host once (`trainer.optim.grads.queue_host_read`). Any other host read (.item(), a
+    # blocking copy, a host decision on a device value) stalls the queue, costing the most at small micro-batches.
     # torch's sync debug mode raises at the first such call, naming it.
-    original = ParallelModel.run
+    original_step, original_queue = train_module._Run._step, train_module.queue_host_read
 
-    def watched(self, microbatches, train):
-        if not train:
-            return original(self, microbatches, train)
+    def watched_step(self, microbatches):
         torch.cuda.set_sync_debug_mode("error")
         try:
-            return original(self, microbatches, train)
+            return original_step(self, microbatches)
         finally:
             torch.cuda.set_sync_debug_mode("default")
+
+    def allowed_queue(values):
+        read = original_queue(values)
+
+        def allowed_read():
+            torch.cuda.set_sync_debug_mode("default")
+            try:
+                return read()
+            finally:
+                torch.cuda.set_sync_debug_mode("error")
+
+        return allowed_read
 
     cache = str(tmp_path / "cache")
     config = {"gpt": lambda: tiny_config(tiny_prefix, cache_dir, train_iters=2),
               "t5": lambda: t5_config(sentence_prefix, data_test, cache, train_iters=2),
               "bert": lambda: bert_config(wordpiece_sentences, data_test, cache, train_iters=2)}[family]()
-    monkeypatch.setattr(ParallelModel, "run", watched)
+    monkeypatch.setattr(train_module._Run, "_step", watched_step)
+    monkeypatch.setattr(train_module, "queue_host_read", allowed_queue)
     result_record(on_device(config, precision={"bf16": True}))
 
 

@@ -4,7 +4,7 @@ clipping, tied-embedding gradient sync across pipeline stages, and loss reductio
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 import torch.distributed as dist
@@ -43,7 +43,8 @@ def _reduced_over_shards(local_squares: torch.Tensor, grad: DTensor) -> torch.Te
 
 
 def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | None) -> torch.Tensor:
-    """The L2 norm of all gradients of the whole model, identical on every rank (float64 scalar).
+    """The L2 norm of all gradients of the whole model, identical on every rank (float64 scalar on the gradients'
+    device: computing it queues kernels and collectives, reading it is the caller's wait for the device).
 
     ``params`` must hold each model parameter once per pipeline stage (leave out the last stage's
     copy of the tied embedding). DTensor gradients are grouped by mesh and placements so each group
@@ -73,7 +74,7 @@ def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | N
         total += _reduced_over_shards(_sum_of_squares([g.to_local() for g in grads], device), grads[0])
     if pp_group is not None:
         dist.all_reduce(total, group=pp_group)
-    return total.cpu().sqrt()
+    return total.sqrt()
 
 
 def _local_grads(params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
@@ -81,12 +82,17 @@ def _local_grads(params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
     return [_local(p.grad) for p in params if p.grad is not None]
 
 
-def scale_grads(params: list[nn.Parameter], factor: float) -> None:
+def scale_grads(params: list[nn.Parameter], factor: float | torch.Tensor) -> None:
     """Multiply every gradient by ``factor`` in place (clipping and loss-scale division), on this rank's own part
     of it (exact for any DTensor placement), with torch's multi-tensor kernels: a few launches rather than one per
-    parameter, which on a GPU is host time the device waits through after the gradient norm is read."""
-    if factor == 1.0:
+    parameter. ``factor`` may be a scalar tensor on the gradients' device (`clip_factor`'s), which the kernels
+    read there: nothing waits for the device."""
+    if isinstance(factor, float) and factor == 1.0:
         return
+    if isinstance(factor, torch.Tensor):
+        # CUDA's multi-tensor kernel takes a scalar tensor of the gradients' dtype (another dtype falls back to
+        # one launch per tensor); float32, as the kernels round a Python scalar factor.
+        factor = factor.to(torch.float32)
     grads = _local_grads(params)
     if grads:
         with torch.no_grad():
@@ -105,11 +111,13 @@ def divide_grads(params: Iterable[nn.Parameter], divisor: int) -> None:
             torch._foreach_div_(grads, divisor)
 
 
-def clip_factor(total_norm: float, max_norm: float) -> float:
-    """Megatron's clip coefficient: ``max_norm / (norm + 1e-6)`` capped at 1; 1 when clipping is off."""
+def clip_factor(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """Megatron's clip coefficient: ``max_norm / (norm + 1e-6)`` capped at 1; 1 when clipping is off, and where
+    the norm is not finite (the gradients stay as they are: that step is skipped, or the run stops naming the
+    ranks whose gradients hold the value). A scalar tensor beside ``total_norm`` (its dtype), computed there."""
     if max_norm <= 0:
-        return 1.0
-    return min(1.0, max_norm / (total_norm + 1.0e-6))
+        return torch.ones_like(total_norm)
+    return torch.where(total_norm.isfinite(), (max_norm / (total_norm + 1.0e-6)).clamp(max=1.0), 1.0)
 
 
 def sync_tied_embedding_grad(param: nn.Parameter | None, group: dist.ProcessGroup | None) -> None:
@@ -123,8 +131,9 @@ def sync_tied_embedding_grad(param: nn.Parameter | None, group: dist.ProcessGrou
     dist.all_reduce(_local(param.grad), group=group)
 
 
-def reduce_loss(local_loss_sum: torch.Tensor, holds_loss: bool, num_losses: int, num_holders: int) -> float:
-    """Mean training loss over the global batch, identical on every rank.
+def mean_loss(local_loss_sum: torch.Tensor, holds_loss: bool, num_losses: int, num_holders: int) -> torch.Tensor:
+    """Mean training loss over the global batch, identical on every rank (float64 scalar on the loss's device;
+    queued, not read).
 
     Args:
         local_loss_sum: sum of this rank's micro-batch losses (only read if ``holds_loss``).
@@ -136,7 +145,30 @@ def reduce_loss(local_loss_sum: torch.Tensor, holds_loss: bool, num_losses: int,
                                                                               device=local_loss_sum.device)
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.all_reduce(value)
-    return float(value.cpu()) / (num_holders * num_losses)
+    return value / (num_holders * num_losses)
+
+
+def reduce_loss(local_loss_sum: torch.Tensor, holds_loss: bool, num_losses: int, num_holders: int) -> float:
+    """`mean_loss`, read on the host."""
+    return float(mean_loss(local_loss_sum, holds_loss, num_losses, num_holders))
+
+
+def queue_host_read(values: torch.Tensor) -> Callable[[], list[float]]:
+    """Start copying ``values`` (a small 1-D tensor) to the host; the returned function waits for that copy only
+    and gives its floats. On CUDA the copy goes into pinned memory behind the kernels queued so far, so work
+    queued after this call (the optimizer's step) keeps the device busy while the host waits and reads."""
+    if values.device.type != "cuda":
+        return values.tolist
+    host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+    host.copy_(values, non_blocking=True)
+    copied = torch.cuda.Event()
+    copied.record()
+
+    def read() -> list[float]:
+        copied.synchronize()
+        return host.tolist()
+
+    return read
 
 
 def has_non_finite_grads(params: list[nn.Parameter]) -> bool:
