@@ -533,7 +533,8 @@ class TrainingConfig:
     checkpoint_activations: bool = False
     """Recompute each block's activations in the backward pass (saves memory)."""
     compile: bool = False
-    """torch.compile each transformer block (inductor; the first steps pay the compile time)."""
+    """torch.compile: the whole model in a one-process run, else each transformer block (inductor; the first steps
+    pay the compile time)."""
     deepspeed_config: str | None = flag(None, "--deepspeed_config")
     """DeepSpeed JSON config whose batch, precision, ZeRO, optimiser and scheduler keys set our flags
     (`trainer.cli.deepspeed_config`); flags on the command line win."""

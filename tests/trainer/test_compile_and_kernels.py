@@ -1,8 +1,8 @@
 """``train --compile`` (torch.compile of a one-process run's whole model, else of each block) and the AdamW kernel
 choice.
 
-Compiled and eager runs of the same tiny GPT (one process, and two data-parallel ones) and T5 (`-m campaign`)
-give the same losses within `COMPILE_RTOL`; the compiled run keeps its parameter names (checkpoints do not
+Compiled and eager runs of the same tiny GPT (one process, and two data-parallel ones) give the same losses within
+`COMPILE_RTOL`, and so do (`-m campaign`) T5, BERT, the Llama-class GPT, recomputation and keyed dropout; the compiled run keeps its parameter names (checkpoints do not
 change); the AdamW kernel is fused on CUDA, multi-tensor elsewhere, and the per-parameter loop where the
 parameter list mixes layouts; the state a checkpoint loads into sits where the kernel reads it;
 ``benchmarks/gpu_step.py`` runs end to end on a CPU (tiny shapes) and refuses in one line without CUDA.
@@ -20,10 +20,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Replicate, distribute_tensor
+from test_bert_train import bert_config
+from test_llama_parity import llama_config
 from trainer_testing import LOSS_RTOL, result_record, run_in_processes, t5_config, tiny_config
 
 from trainer.cli.train_args import build_parser, config_from_args
-from trainer.config import OptimizerConfig, ParallelismConfig
+from trainer.config import OptimizerConfig, ParallelismConfig, RecomputeConfig
 from trainer.models.gpt.model import GPTShape
 from trainer.optim.optimizer import ADAMW_KERNEL_OPTIONS, build_optimizer, init_optimizer_state, select_adamw_kernel
 from trainer.parallel.dims import ParallelDims
@@ -78,6 +80,37 @@ def test_compiled_gpt_trains_like_eager(tiny_prefix, cache_dir, fresh_compiler):
 @pytest.mark.campaign
 def test_compiled_t5_trains_like_eager(sentence_prefix, data_test, tmp_path, fresh_compiler):
     config = short_run(t5_config(sentence_prefix, data_test, str(tmp_path / "cache")))
+    assert_same_losses(result_record(compiled(config)), result_record(config))
+
+
+def _with(config, section: str, **fields):
+    return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **fields)})
+
+
+# The whole model in one graph, with what its forward holds: recomputation (torch.utils.checkpoint inside the
+# graph), keyed dropout's per-sample random streams, and the other families' forwards.
+WHOLE_MODEL_CASES = {
+    "recompute-full": lambda base: dataclasses.replace(
+        base, recompute=RecomputeConfig(recompute_granularity="full", recompute_method="uniform",
+                                        recompute_num_layers=1)),
+    "recompute-selective": lambda base: dataclasses.replace(
+        base, recompute=RecomputeConfig(recompute_granularity="selective")),
+    "checkpoint-activations": lambda base: _with(base, "training", checkpoint_activations=True),
+    "keyed-dropout": lambda base: _with(_with(base, "model", hidden_dropout=0.1), "parallelism", keyed_dropout=True),
+}
+
+
+@pytest.mark.campaign
+@pytest.mark.parametrize("case", [*WHOLE_MODEL_CASES, "bert", "llama"])
+def test_a_compiled_whole_model_trains_like_eager(case, tiny_prefix, cache_dir, wordpiece_sentences, data_test,
+                                                   tmp_path, fresh_compiler):
+    if case == "bert":
+        config = bert_config(wordpiece_sentences, data_test, str(tmp_path / "cache"))
+    elif case == "llama":
+        config = llama_config(tiny_prefix, cache_dir)
+    else:
+        config = WHOLE_MODEL_CASES[case](tiny_config(tiny_prefix, cache_dir))
+    config = short_run(config)
     assert_same_losses(result_record(compiled(config)), result_record(config))
 
 
