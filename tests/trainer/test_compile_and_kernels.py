@@ -2,9 +2,10 @@
 choice.
 
 Compiled and eager runs of the same tiny GPT (one process, and two data-parallel ones) give the same losses within
-`COMPILE_RTOL`, and so do (`-m campaign`) T5, BERT, the Llama-class GPT, recomputation and keyed dropout; the compiled run keeps its parameter names (checkpoints do not
-change); the AdamW kernel is fused on CUDA, multi-tensor elsewhere, and the per-parameter loop where the
-parameter list mixes layouts; the state a checkpoint loads into sits where the kernel reads it;
+`COMPILE_RTOL`, and so do (`-m campaign`) T5, BERT, the Llama-class GPT, recomputation and keyed dropout; the
+compiled run keeps its parameter names (checkpoints do not change); the AdamW kernel is fused on CUDA,
+multi-tensor elsewhere, and the per-parameter loop where the parameter list mixes layouts; the state a
+checkpoint loads into sits where the kernel reads it;
 ``benchmarks/gpu_step.py`` runs end to end on a CPU (tiny shapes) and refuses in one line without CUDA.
 """
 
