@@ -121,6 +121,9 @@ def test_the_profile_splits_the_step_into_attention_matmul_optimizer_and_other(f
     assert set(profile["shares"]) == PROFILE_CATEGORIES
     assert sum(profile["shares"].values()) == pytest.approx(1.0)
     assert profile["shares"]["matmul"] > 0 and profile["shares"]["attention"] > 0
+    # How busy the device was: the traced kernels' (here operators') time over an untraced step's wall time.
+    assert profile["wall_ms_per_step"] > 0 and profile["busy"] == pytest.approx(
+        profile["total_ms_per_step"] / profile["wall_ms_per_step"])
     assert profile["shares"]["optimizer"] > 0
     assert len(profile["top"]) == 10
     table = (dry_run[1] / "profile.txt").read_text()

@@ -1,11 +1,14 @@
 """Where the time of our GPT-345M training step goes: a `torch.profiler` trace summarised as a text table.
 
 The step is `benchmarks.gpu_step`'s (our runner, bf16 autocast, the AdamW kernel the trainer picks, global
-gradient norm and clipping). After ``--warmup`` steps, ``--steps`` steps are traced; the table lists the 10
-kernels that took the most device time (on a CPU: the 10 operators with the most CPU time of their own) and the
-share of that time in attention, matrix products, the optimiser and everything else.
+gradient norm and clipping; ``--compile``: as ``train --compile``). After ``--warmup`` steps, ``--steps`` steps
+are timed untraced (the wall time of a step, against which the kernels' time says how busy the device is: below
+100% it waits on the host), then ``--steps`` steps are traced; the table lists the 10 kernels that took the most
+device time (on a CPU: the 10 operators with the most CPU time of their own) and the share of that time in
+attention, matrix products, the optimiser and everything else.
 
     python -m benchmarks.device.profile_step --table profile.txt --json profile.json     # on the CUDA device
+    python -m benchmarks.device.profile_step --compile --table profile.txt                # the compiled step
     python -m benchmarks.device.profile_step --device cpu --tiny --table profile.txt      # checks the script
 """
 
@@ -13,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,8 +65,22 @@ def kernel_times(trace: profile, device: torch.device) -> dict[str, float]:
     return times
 
 
-def summarise(times: dict[str, float], steps: int, unit: str) -> tuple[str, dict]:
-    """The text table and its figures (per-step milliseconds, shares of the total)."""
+def wall_ms_per_step(step: Callable[[int], torch.Tensor], device: torch.device, first: int, steps: int) -> float:
+    """Milliseconds a step of ``step(index)`` takes, over ``steps`` untraced steps from index ``first``, timed from
+    a drained device to a drained device."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    begin = time.perf_counter()
+    for index in range(first, first + steps):
+        step(index)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - begin) * US_PER_MS / steps
+
+
+def summarise(times: dict[str, float], steps: int, unit: str, wall_ms: float) -> tuple[str, dict]:
+    """The text table and its figures (per-step milliseconds, shares of the total; ``busy``: the kernels' time over
+    the untraced step's wall time ``wall_ms``)."""
     total = sum(times.values())
     top = sorted(times.items(), key=lambda item: item[1], reverse=True)[:TOP_KERNELS]
     shares: dict[str, float] = {key: 0.0 for key in (*CATEGORIES, OTHER)}
@@ -76,7 +95,10 @@ def summarise(times: dict[str, float], steps: int, unit: str) -> tuple[str, dict
     for key, share in shares.items():
         lines.append(f"{key:<10} {share * total / US_PER_MS / steps:9.3f} {share:6.1%}")
     lines.append(f"{'total':<10} {total / US_PER_MS / steps:9.3f} {1:6.1%}")
+    busy = total / US_PER_MS / steps / wall_ms
+    lines.append(f"{'wall':<10} {wall_ms:9.3f} {busy:6.1%} of it in {unit}s (untraced steps)")
     figures = {"unit": unit, "steps": steps, "total_ms_per_step": total / US_PER_MS / steps, "shares": shares,
+               "wall_ms_per_step": wall_ms, "busy": busy,
                "top": [{"name": name, "ms_per_step": spent / US_PER_MS / steps, "share": spent / total,
                         "category": category(name)} for name, spent in top]}
     return "\n".join(lines) + "\n", figures
@@ -86,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--tiny", action="store_true", help="the tiny GPT shape (checks the script)")
+    parser.add_argument("--compile", action="store_true", help="the step of train --compile")
     parser.add_argument("--warmup", type=int, default=3, help="untraced steps first")
     parser.add_argument("--steps", type=int, default=3, help="traced steps")
     parser.add_argument("--table", type=Path, required=True, help="write the text table here")
@@ -102,9 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device(args.device)
     work = WORKLOADS["gpt"](args.tiny)
     batches = [work.batch(torch.Generator().manual_seed(SEED), device)]
-    step, _ = build_ours(work, batches, device, compile_blocks=False)
+    step, _ = build_ours(work, batches, device, compile_blocks=args.compile)
     for index in range(args.warmup):
         step(index)
+    wall_ms = wall_ms_per_step(step, device, args.warmup, args.steps)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities) as trace:
         for index in range(args.steps):
@@ -112,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
     unit = "kernel" if device.type == "cuda" else "operator"
-    table, figures = summarise(kernel_times(trace, device), args.steps, unit)
+    table, figures = summarise(kernel_times(trace, device), args.steps, unit, wall_ms)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     header = (f"GPT-345M{' (tiny)' if args.tiny else ''} training step on {name}: micro-batch {work.micro_batch_size}"
-              f" x {work.lengths[0]} positions, bf16 autocast, eager\n\n")
+              f" x {work.lengths[0]} positions, bf16 autocast, {'compile' if args.compile else 'eager'}\n\n")
     args.table.write_text(header + table)
     print(header + table, end="")
     if args.json is not None:
