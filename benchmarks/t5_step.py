@@ -43,6 +43,8 @@ NUM_DOCUMENTS = 20000
 WARMUP_STEPS = 1
 SAMPLE_RATE_ITEMS = 2000
 CLIP = 1.0
+# T5's attention head size (d_kv): --d-model is a whole number of heads.
+HEAD_DIM = 64
 NORM_REPEATS = 7
 
 
@@ -116,6 +118,13 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2, help="encoder and decoder layers each")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: steadier on a shared box)")
     args = parser.parse_args()
+    if args.d_model < HEAD_DIM or args.d_model % HEAD_DIM:
+        parser.error(f"--d-model must be a multiple of the head size {HEAD_DIM}, got {args.d_model}")
+    for flag, value in (("--rounds", args.rounds), ("--steps", args.steps), ("--batch-size", args.batch_size),
+                        ("--encoder-length", args.encoder_length), ("--decoder-length", args.decoder_length),
+                        ("--layers", args.layers), ("--threads", args.threads)):
+        if value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     torch.set_num_threads(args.threads)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -137,8 +146,8 @@ def main() -> None:
         print(f"sample building: {samples_per_s:.0f} samples/s "
               f"({samples_per_s * args.encoder_length:.0f} encoder positions/s), one thread")
 
-        shape = T5Shape(vocab_size=VOCAB, d_model=args.d_model, d_kv=64, d_ff=4 * args.d_model,
-                        num_heads=args.d_model // 64, num_encoder_layers=args.layers,
+        shape = T5Shape(vocab_size=VOCAB, d_model=args.d_model, d_kv=HEAD_DIM, d_ff=4 * args.d_model,
+                        num_heads=args.d_model // HEAD_DIM, num_encoder_layers=args.layers,
                         num_decoder_layers=args.layers, feed_forward="gated-gelu", tie_word_embeddings=False,
                         scale_decoder_outputs=False)
         torch.manual_seed(0)
