@@ -8,7 +8,6 @@ import dataclasses
 import warnings
 
 import pytest
-import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor

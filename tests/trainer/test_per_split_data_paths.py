@@ -11,7 +11,6 @@ from trainer_testing import argv_for, t5_config, tiny_config
 
 from samplers.builder import build_split_indices
 from samplers.prebuild import BuildIndicesConfig
-from samplers.run_length import RunLength
 from samplers.t5.blend import T5BlendedDataset
 from samplers.t5.dataset import T5Dataset
 from trainer.cli.train import main
