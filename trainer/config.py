@@ -632,6 +632,12 @@ class PrecisionConfig:
     """Megatron's fp8 parameters and all-gather. Every fp8_* flag is refused in one line: fp8 needs NVIDIA
     Transformer Engine on a Hopper-or-newer GPU; this trainer computes in bf16, fp16 or fp32."""
 
+    @property
+    def loss_scaled(self) -> bool:
+        """A loss scaler owns overflows (fp16's dynamic one, or a static ``loss_scale``): a step whose gradients
+        overflow is skipped, not stopped on."""
+        return self.fp16 or self.loss_scale is not None
+
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
             raise TrainConfigError("bf16 and fp16 are mutually exclusive")

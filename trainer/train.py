@@ -424,13 +424,14 @@ class _Run:
                                        self.dims.dp * self.dims.cp * self.dims.tp)
             norm_on_device = global_grad_norm(self.model.norm_parameters(), self.model.pp_group) / self.scaler.scale
             figures = queue_host_read(torch.stack([loss_on_device, norm_on_device]))
-            scale_grads(self.params, clip_factor(norm_on_device, self.config.optimizer.clip_grad) / self.scaler.scale)
+            if self.config.optimizer.clip_grad > 0 or self.scaler.scale != 1.0:  # else a multiply by 1
+                scale_grads(self.params,
+                            clip_factor(norm_on_device, self.config.optimizer.clip_grad) / self.scaler.scale)
         # A loss scaler (fp16, --loss-scale) skips a step whose gradients overflowed, and so does a run without the
         # NaN check: the host reads the norm before the optimizer's step. Otherwise a non-finite value stops the
         # run, so the step is queued first: on a GPU the device runs the optimizer while the host waits for the
         # figures (the norm, not the optimizer), reads them and queues the next step's batch and forward.
-        steps_first = not (precision.fp16 or precision.loss_scale is not None or
-                           precision.no_check_for_nan_in_loss_and_grad)
+        steps_first = not (precision.loss_scaled or precision.no_check_for_nan_in_loss_and_grad)
         if steps_first:
             with self.timer.phase("optimizer"):
                 self.optimizer.step()
@@ -458,8 +459,7 @@ class _Run:
         Raises:
             NonFiniteError: naming the iteration and the ranks whose own loss or gradients hold the value.
         """
-        scaled = self.config.precision.fp16 or self.config.precision.loss_scale is not None
-        if math.isfinite(loss) and (math.isfinite(norm) or scaled):
+        if math.isfinite(loss) and (math.isfinite(norm) or self.config.precision.loss_scaled):
             return
         what = "loss" if not math.isfinite(loss) else "gradient norm"
         # Which ranks hold the value is read only once it is known to be there (no host read per step).
