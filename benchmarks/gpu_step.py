@@ -210,17 +210,21 @@ def build_ours(work: Workload, batches: list, device: torch.device,
     kernel = select_adamw_kernel(device.type, params)
     optimizer = build_optimizer(model.named_parameters(), OPTIMIZER, **ADAMW_KERNEL_OPTIONS[kernel])
     model.set_train(True)
+    unread: list[Callable[[], list[float]]] = []
 
     def step(index: int) -> torch.Tensor:
-        # `trainer.train`'s step without fp16 loss scaling: the clipping and the optimizer's step queued before
-        # the host reads the loss and the gradient norm (the trainer logs and checks them every step).
+        # `trainer.train`'s step without fp16 loss scaling: the host reads a step's loss and gradient norm (the
+        # trainer logs and checks them every step) while the next step's forward and backward are queued,
+        # before its clipping and optimizer's step.
         optimizer.zero_grad(set_to_none=True)
         loss, _ = model.run([batches[index % len(batches)]], train=True)
-        norm = global_grad_norm(model.norm_parameters(), None)
+        norm = global_grad_norm(model.norm_parameters(), None).total
         figures = queue_host_read(torch.stack([mean_loss(loss, True, 1, 1), norm]))
+        if unread:
+            unread.pop()()
         scale_grads(params, clip_factor(norm, CLIP_GRAD))
         optimizer.step()
-        figures()
+        unread.append(figures)
         return loss
 
     return step, initial

@@ -71,7 +71,7 @@ def ours_step(model, optimizer, batches: Prefetcher) -> float:
     batch = next(batches)
     optimizer.zero_grad(set_to_none=True)
     loss_of(model, batch).backward()
-    scale_grads(params, clip_factor(global_grad_norm(params, None), CLIP))
+    scale_grads(params, clip_factor(global_grad_norm(params, None).total, CLIP))
     optimizer.step()
     return time.perf_counter() - begin
 
@@ -92,7 +92,7 @@ def norm_timings(params: list[torch.nn.Parameter], repeats: int) -> dict[str, tu
     grads = [p.grad for p in params]
     exact = float(sum(g.to(torch.float64).pow(2).sum() for g in grads).sqrt())
     candidates = {
-        "ours (float32 per-tensor norms, float64 sum)": lambda: global_grad_norm(params, None),
+        "ours (float32 per-tensor norms, float64 sum)": lambda: global_grad_norm(params, None).total,
         "float64 upcast and square": lambda: sum(g.to(torch.float64).pow(2).sum() for g in grads).sqrt(),
         "get_total_norm (float32)": lambda: torch.nn.utils.get_total_norm(grads),
     }

@@ -20,7 +20,7 @@ import logging
 import math
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -52,7 +52,6 @@ from trainer.optim.batch_size_schedule import check_batch_sizes, samples_after
 from trainer.optim.grads import (
     clip_factor,
     global_grad_norm,
-    has_non_finite_grads,
     mean_loss,
     queue_host_read,
     ranks_where,
@@ -231,12 +230,14 @@ class _Run:
             logger.info("AdamW kernel: %s (ZeRO stage %d%s)", kernel, par.zero_stage,
                         ", optimiser on the CPU" if par.cpu_offload else "")
         self.scheduler = config.optimizer.scheduler(config.training, self.dims.global_batch_size)
-        self.step_batch_size = self.dims.global_batch_size
         self.scaler = LossScaler(config.precision)
         self.iteration = self.consumed_samples = self.skipped = 0
         self.saved_iteration: int | None = None
         self.completed_iteration: int | None = None
         """The last iteration whose step finished (None until `train` starts the step loop)."""
+        self._window = _Window()
+        self._finished_at = 0.0
+        """`time.perf_counter` when the last step's figures were read (`train` sets it as it starts)."""
         self.loaded_from: tuple[Path, int] | None = None
         """(root, iteration) of the checkpoint the run resumed from: never removed by keep_last_checkpoints."""
         if config.checkpoint.load is not None:
@@ -411,50 +412,69 @@ class _Run:
 
     # -- steps ------------------------------------------------------------------------------------------
 
-    def _step(self, microbatches) -> tuple[float, float, dict[str, float]]:
-        """One optimiser step; returns (mean loss, gradient norm, the model's auxiliary metrics)."""
+    def _reads_later(self, iteration: int) -> bool:
+        """Whether ``iteration``'s figures are read during the next step (after its backward is queued, before its
+        update) rather than at the end of its own. Where a non-finite value stops the run (no loss scaler, the
+        NaN check on: bf16 and fp32 by default) nothing this step decides waits for them, and a GPU then never
+        drains between steps: the host queues the next batch's forward and backward while the device finishes
+        this step, as a loop that reads nothing would. A loss scaler, or a run without the NaN check, reads first
+        (it skips a step whose gradients overflow); an evaluation, a save and the last step read at once (they
+        come after the step's figures and before the next step's update), and so does a step timed phase by phase
+        (``--timing-log-level`` 1 or 2 waits for the device at every phase's ends: nothing is left to overlap)."""
+        cfg = self.config
+        precision = cfg.precision
+        save_interval = cfg.checkpoint.save_interval if cfg.checkpoint.save else None
+        return not (precision.loss_scaled or precision.no_check_for_nan_in_loss_and_grad or self.timer.enabled) \
+            and iteration < cfg.training.train_iters and iteration % cfg.logging.eval_interval != 0 \
+            and not (save_interval and iteration % save_interval == 0)
+
+    def _forward_backward(self, microbatches: list) -> _Queued:
+        """Queue the step's forward, backward, loss, gradient norm and the copy of both to the host."""
         self.optimizer.zero_grad(set_to_none=True)
         self.model.loss_scale = self.scaler.scale
         with self.timer.phase("forward_backward"):
             loss_sum, holds_loss = self.model.run(microbatches, train=True)
         auxiliary = self.model.auxiliary_metrics()
-        precision = self.config.precision
         with self.timer.phase("grad_clip"):
-            loss_on_device = mean_loss(loss_sum, holds_loss, len(microbatches),
-                                       self.dims.dp * self.dims.cp * self.dims.tp)
-            norm_on_device = global_grad_norm(self.model.norm_parameters(), self.model.pp_group) / self.scaler.scale
-            figures = queue_host_read(torch.stack([loss_on_device, norm_on_device]))
+            loss = mean_loss(loss_sum, holds_loss, len(microbatches), self.dims.dp * self.dims.cp * self.dims.tp)
+            norm = global_grad_norm(self.model.norm_parameters(), self.model.pp_group)
+            norm_on_device = norm.total / self.scaler.scale
+            read = queue_host_read(torch.stack([loss, norm_on_device]))
+        return _Queued(read, norm_on_device, loss_sum if holds_loss else None, norm.local_finite, auxiliary)
+
+    def _update(self, queued: _Queued, reads_later: bool) -> None:
+        """Clip and take the optimizer's step of ``queued``; where the host decides on it (``reads_later`` false
+        and a loss scaler or no NaN check), read the figures first and skip a step whose gradients overflowed."""
+        precision = self.config.precision
+        host_decides = precision.loss_scaled or precision.no_check_for_nan_in_loss_and_grad
+        with self.timer.phase("grad_clip"):
             if self.config.optimizer.clip_grad > 0 or self.scaler.scale != 1.0:  # else a multiply by 1
                 scale_grads(self.params,
-                            clip_factor(norm_on_device, self.config.optimizer.clip_grad) / self.scaler.scale)
-        # A loss scaler (fp16, --loss-scale) skips a step whose gradients overflowed, and so does a run without the
-        # NaN check: the host reads the norm before the optimizer's step. Otherwise a non-finite value stops the
-        # run, so the step is queued first: on a GPU the device runs the optimizer while the host waits for the
-        # figures (the norm, not the optimizer), reads them and queues the next step's batch and forward.
-        steps_first = not (precision.loss_scaled or precision.no_check_for_nan_in_loss_and_grad)
-        if steps_first:
+                            clip_factor(queued.norm, self.config.optimizer.clip_grad) / self.scaler.scale)
+        if not host_decides:
+            # Queued before the read: on a GPU the device runs the optimizer while the host waits for the
+            # figures (the norm, not the optimizer).
             with self.timer.phase("optimizer"):
                 self.optimizer.step()
-        loss, norm = figures()
-        if not steps_first:
-            if math.isfinite(norm):
-                with self.timer.phase("optimizer"):
-                    self.optimizer.step()
-            else:
-                self.skipped += 1
-                if self.ctx.rank == 0:
-                    logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
-                                   self.iteration, self.scaler.scale, self.skipped)
+            if not reads_later:
+                queued.figures = queued.read()
+            return
+        queued.figures = queued.read()
+        norm = queued.figures[1]
+        if math.isfinite(norm):
+            with self.timer.phase("optimizer"):
+                self.optimizer.step()
+        else:
+            self.skipped += 1
+            if self.ctx.rank == 0:
+                logger.warning("iteration %d: gradients overflow at loss scale %g, step skipped (%d so far)",
+                               self.iteration, self.scaler.scale, self.skipped)
         self.scaler.update(found_inf=not math.isfinite(norm))
-        if not self.config.precision.no_check_for_nan_in_loss_and_grad:
-            self._check_finite(loss, norm, loss_sum if holds_loss else None)
-        return loss, norm, auxiliary
 
-    def _check_finite(self, loss: float, norm: float, local_loss_sum: torch.Tensor | None) -> None:
+    def _check_finite(self, taken: _Taken, loss: float, norm: float) -> None:
         """Megatron's --check-for-nan-in-loss-and-grad (on by default): stop at a NaN or infinite loss, or
         gradient norm where no loss scaler owns overflows (fp16, or a static --loss-scale, skips such steps as
-        Megatron's grad scalers do). ``loss`` and ``norm`` are the same on every rank, so every rank raises;
-        ``local_loss_sum`` is this rank's own loss sum (None on a rank that computes no loss).
+        Megatron's grad scalers do). ``loss`` and ``norm`` are the same on every rank, so every rank raises.
 
         Raises:
             NonFiniteError: naming the iteration and the ranks whose own loss or gradients hold the value.
@@ -462,14 +482,47 @@ class _Run:
         if math.isfinite(loss) and (math.isfinite(norm) or self.config.precision.loss_scaled):
             return
         what = "loss" if not math.isfinite(loss) else "gradient norm"
+        queued = taken.queued
         # Which ranks hold the value is read only once it is known to be there (no host read per step).
-        local = (local_loss_sum is not None and not bool(torch.isfinite(local_loss_sum)) if what == "loss"
-                 else has_non_finite_grads(self.params))
+        local = (queued.local_loss_sum is not None and not bool(torch.isfinite(queued.local_loss_sum))
+                 if what == "loss" else not bool(queued.local_grads_finite))
         ranks = ranks_where(local, self.ctx.rank)
-        raise NonFiniteError(f"iteration {self.iteration}: the {what} is {loss if what == 'loss' else norm} (from "
+        raise NonFiniteError(f"iteration {taken.iteration}: the {what} is {loss if what == 'loss' else norm} (from "
                              f"rank {', '.join(map(str, ranks)) or 'unknown'}); stopped, as Megatron's "
                              "--check-for-nan-in-loss-and-grad does (--no-check-for-nan-in-loss-and-grad skips "
                              "such steps instead)")
+
+    def _finish(self, taken: _Taken, result: TrainResult) -> bool:
+        """Read ``taken``'s figures (waiting for the device up to its norm), check them, record and log them, and
+        evaluate and save where due; returns whether the run stops after it (an early exit)."""
+        loss, norm = taken.queued.figures if taken.queued.figures is not None else taken.queued.read()
+        if not self.config.precision.no_check_for_nan_in_loss_and_grad:
+            self._check_finite(taken, loss, norm)
+        cfg = self.config
+        train_iters = cfg.training.train_iters
+        result.losses.append(loss)
+        result.grad_norms.append(norm)
+        result.auxiliary.append(taken.queued.auxiliary)
+        # A step's time runs from its batch's fetch, or from the previous step's figures where they came later.
+        finished = time.perf_counter()
+        window = self._window
+        window.add(loss, norm, finished - max(taken.began, self._finished_at), taken.data_seconds,
+                   taken.queued.auxiliary)
+        self._finished_at = finished
+        window.samples += taken.batch_size
+        iteration = taken.iteration
+        result.exit_reason = self.early_exit.reason(iteration) if iteration < train_iters else None
+        if iteration % cfg.logging.log_interval == 0 or iteration == train_iters or result.exit_reason is not None:
+            self.writer.train(self._stats(window, taken))
+            self._window = _Window()
+        # (`_reads_later` leaves a step that evaluates or saves to its own end: the weights are its.)
+        if iteration % cfg.logging.eval_interval == 0 and iteration < train_iters:
+            self._enter("evaluation")
+            self.evaluate(self.valid_ds, "valid", self.run_length.consumed_valid_samples(iteration - 1))
+        if cfg.checkpoint.save and cfg.checkpoint.save_interval and iteration % cfg.checkpoint.save_interval == 0 \
+                and iteration < train_iters:
+            self._save()
+        return result.exit_reason is not None
 
     def evaluate(self, dataset, split: str, first_sample: int = 0) -> float | None:
         """Mean loss over ``eval_iters`` global batches of ``dataset``, from sample ``first_sample`` on.
@@ -513,46 +566,42 @@ class _Run:
         batches = Prefetcher(step_iterator(self.train_ds, self.consumed_samples, self.dims.micro_batch_size,
                                            self.dims.num_microbatches, self.dp_rank, self.dims.dp, self.vocabulary.size,
                                            self.collate, self.batch_sizes))
-        window = _Window()
+        self._finished_at = time.perf_counter()
+        pending: _Taken | None = None  # a step whose figures are read during the next one
         self.model.set_train(True)
         try:
             while self.iteration < train_iters:
                 start = time.perf_counter()
                 microbatches = [mb.to(self.ctx.device) for mb in next(batches)]
                 data_time = time.perf_counter() - start
-                # This step's global batch (it changes under a batch-size ramp).
-                gbs = self.step_batch_size = len(microbatches) * samples_per_microbatch
                 self.iteration += 1
                 self._enter("step")
-                # The rates of the samples consumed before this step (Megatron's). The schedule advances only
-                # after a step that was taken: after a skipped fp16 step the next runs at the same rates.
-                apply_schedule(self.optimizer, self.scheduler)
-                lr, skipped = self.scheduler.lr(), self.skipped
                 with self.observer.step(self.iteration):
-                    loss, norm, auxiliary = self._step(microbatches)
+                    queued = self._forward_backward(microbatches)
+                    if pending is not None:
+                        stop = self._finish(pending, result)
+                        pending = None
+                        if stop:
+                            self.iteration -= 1  # this step's forward and backward ran; its update is not taken
+                            break
+                    # The rates of the samples consumed before this step (Megatron's). The schedule advances only
+                    # after a step that was taken: after a skipped fp16 step the next runs at the same rates.
+                    apply_schedule(self.optimizer, self.scheduler)
+                    lr, skipped = self.scheduler.lr(), self.skipped
+                    reads_later = self._reads_later(self.iteration)
+                    self._update(queued, reads_later)
+                # This step's global batch (it changes under a batch-size ramp).
+                gbs = len(microbatches) * samples_per_microbatch
                 if self.skipped == skipped:
                     self.scheduler.step(gbs)
                 if cfg.logging.print_memory and self.iteration == result.iteration + 1:
                     self._report_memory()
                 self.consumed_samples += gbs
                 self.completed_iteration = self.iteration
-                result.losses.append(loss)
-                result.grad_norms.append(norm)
-                result.auxiliary.append(auxiliary)
-                window.add(loss, norm, time.perf_counter() - start, data_time, auxiliary)
-                window.samples += gbs
-                result.exit_reason = self.early_exit.reason(self.iteration) if self.iteration < train_iters else None
-                if self.iteration % cfg.logging.log_interval == 0 or self.iteration == train_iters or \
-                        result.exit_reason is not None:
-                    self.writer.train(self._stats(window, lr))
-                    window = _Window()
-                if self.iteration % cfg.logging.eval_interval == 0 and self.iteration < train_iters:
-                    self._enter("evaluation")
-                    self.evaluate(self.valid_ds, "valid", self.run_length.consumed_valid_samples(self.iteration - 1))
-                if cfg.checkpoint.save and cfg.checkpoint.save_interval and \
-                        self.iteration % cfg.checkpoint.save_interval == 0 and self.iteration < train_iters:
-                    self._save()
-                if result.exit_reason is not None:
+                taken = _Taken(self.iteration, gbs, lr, self.consumed_samples, start, data_time, queued)
+                if reads_later:
+                    pending = taken
+                elif self._finish(taken, result):
                     break
         finally:
             batches.close()
@@ -588,13 +637,14 @@ class _Run:
                 logger.info(report.log_line())
         self.writer.memory(self.iteration, [asdict(report) for report in reports])
 
-    def _stats(self, window: _Window, lr: float) -> TrainStats:
+    def _stats(self, window: _Window, taken: _Taken) -> TrainStats:
+        """The log record of the window that ``taken`` ends."""
         seconds = window.seconds / window.count
         tokens_per_second = window.samples / window.count * self.tokens_per_sample / seconds
         flops_per_device = tokens_per_second * self.flops_per_token / self.ctx.world_size
         return TrainStats(
-            iteration=self.iteration, train_iters=self.config.training.train_iters,
-            consumed_samples=self.consumed_samples, global_batch_size=self.step_batch_size, lr=lr,
+            iteration=taken.iteration, train_iters=self.config.training.train_iters,
+            consumed_samples=taken.consumed_samples, global_batch_size=taken.batch_size, lr=taken.lr,
             loss=window.loss / window.count, grad_norm=window.grad_norm / window.count, loss_scale=self.scaler.scale,
             skipped_iterations=self.skipped, ms_per_iteration=1000 * seconds,
             data_ms_per_iteration=1000 * window.data_seconds / window.count, tokens_per_second=tokens_per_second,
@@ -617,6 +667,39 @@ def _autocast_dtype(config: TrainConfig, device: torch.device, rank: int) -> tor
                            "reduced precision on a CPU")
         return None
     return torch.bfloat16 if precision.bf16 else torch.float16 if precision.fp16 else None
+
+
+@dataclass(slots=True)
+class _Queued:
+    """A step's forward and backward, queued on the device, and what its update and its figures need."""
+
+    read: Callable[[], list[float]]
+    """Waits for the copy of [mean loss, gradient norm] (`queue_host_read`) and returns it."""
+    norm: torch.Tensor
+    """The gradient norm on the device (unscaled; float64)."""
+    local_loss_sum: torch.Tensor | None
+    """This rank's own loss sum (None on a rank that computes no loss)."""
+    local_grads_finite: torch.Tensor
+    """Whether this rank's own gradients are finite (bool, on the device): read only once a value is not."""
+    auxiliary: dict[str, float]
+    figures: list[float] | None = None
+    """[mean loss, gradient norm], once read."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Taken:
+    """A step whose update is queued (or skipped), with what its log line needs."""
+
+    iteration: int
+    batch_size: int
+    """Global-batch samples (a batch-size ramp changes them)."""
+    lr: float
+    consumed_samples: int
+    """After this step."""
+    began: float
+    """`time.perf_counter` when its batch was asked for."""
+    data_seconds: float
+    queued: _Queued
 
 
 @dataclass(slots=True)

@@ -156,28 +156,34 @@ def test_moe_gpt_follows_the_cpu_run_and_resumes(tiny_prefix, cache_dir, tmp_pat
 def test_a_training_step_waits_for_the_device_only_to_read_its_figures(family, monkeypatch, tiny_prefix, cache_dir,
                                                                       sentence_prefix, wordpiece_sentences, data_test,
                                                                       tmp_path):
-    # A bf16 step queues its forward, backward, gradient norm, clipping and optimizer step, then reads its loss
-    # and gradient norm to the host once (`trainer.optim.grads.queue_host_read`). Any other host read (.item(), a
-    # blocking copy, a host decision on a device value) stalls the queue, costing the most at small micro-batches.
-    # torch's sync debug mode raises at the first such call, naming it.
-    original_step, original_queue = train_module._Run._step, train_module.queue_host_read
+    # A bf16 step queues its forward, backward, gradient norm, clipping and optimizer step, and reads its loss and
+    # gradient norm to the host once (`trainer.optim.grads.queue_host_read`; step 1's during step 2, between its
+    # backward and its update). Any other host read (.item(), a blocking copy, a host decision on a device value)
+    # stalls the queue, costing the most at small micro-batches. torch's sync debug mode raises at the first such
+    # call, naming it.
+    original_queue = train_module.queue_host_read
 
-    def watched_step(self, microbatches):
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            return original_step(self, microbatches)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    def watched(method):
+        def run(self, *args):
+            mode = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                return method(self, *args)
+            finally:
+                torch.cuda.set_sync_debug_mode(mode)
+
+        return run
 
     def allowed_queue(values):
         read = original_queue(values)
 
         def allowed_read():
+            mode = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("default")
             try:
                 return read()
             finally:
-                torch.cuda.set_sync_debug_mode("error")
+                torch.cuda.set_sync_debug_mode(mode)
 
         return allowed_read
 
@@ -185,7 +191,8 @@ def test_a_training_step_waits_for_the_device_only_to_read_its_figures(family, m
     config = {"gpt": lambda: tiny_config(tiny_prefix, cache_dir, train_iters=2),
               "t5": lambda: t5_config(sentence_prefix, data_test, cache, train_iters=2),
               "bert": lambda: bert_config(wordpiece_sentences, data_test, cache, train_iters=2)}[family]()
-    monkeypatch.setattr(train_module._Run, "_step", watched_step)
+    for name in ("_forward_backward", "_finish", "_update"):  # a step's parts, and the reading of its figures
+        monkeypatch.setattr(train_module._Run, name, watched(getattr(train_module._Run, name)))
     monkeypatch.setattr(train_module, "queue_host_read", allowed_queue)
     result_record(on_device(config, precision={"bf16": True}))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -42,9 +43,20 @@ def _reduced_over_shards(local_squares: torch.Tensor, grad: DTensor) -> torch.Te
     return DTensor.from_local(local_squares, grad.device_mesh, placements, run_check=False).full_tensor()
 
 
-def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | None) -> torch.Tensor:
-    """The L2 norm of all gradients of the whole model, identical on every rank (float64 scalar on the gradients'
-    device: computing it queues kernels and collectives, reading it is the caller's wait for the device).
+class GradNorm(NamedTuple):
+    """`global_grad_norm`'s figures: scalar tensors on the gradients' device, queued (reading one is the caller's
+    wait for the device)."""
+
+    total: torch.Tensor
+    """The L2 norm of all gradients of the whole model, identical on every rank (float64)."""
+    local_finite: torch.Tensor
+    """Whether this rank's own parts of the gradients have finite norms (bool): false where one holds a NaN or an
+    infinity, or where its float32 norm overflows (the rank that makes the total infinite)."""
+
+
+def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | None) -> GradNorm:
+    """The L2 norm of all gradients of the whole model, identical on every rank, and whether this rank's own part
+    of it is finite (computing them queues kernels and collectives; nothing is read).
 
     ``params`` must hold each model parameter once per pipeline stage (leave out the last stage's
     copy of the tied embedding). DTensor gradients are grouped by mesh and placements so each group
@@ -70,11 +82,14 @@ def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | N
         else:
             plain.append(grad)
     total = _sum_of_squares(plain, device)
+    local = total.clone()
     for grads in groups.values():
-        total += _reduced_over_shards(_sum_of_squares([g.to_local() for g in grads], device), grads[0])
+        squares = _sum_of_squares([g.to_local() for g in grads], device)
+        local += squares
+        total += _reduced_over_shards(squares, grads[0])
     if pp_group is not None:
         dist.all_reduce(total, group=pp_group)
-    return total.sqrt()
+    return GradNorm(total.sqrt(), local.isfinite())
 
 
 def _local_grads(params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
@@ -169,11 +184,6 @@ def queue_host_read(values: torch.Tensor) -> Callable[[], list[float]]:
         return host.tolist()
 
     return read
-
-
-def has_non_finite_grads(params: list[nn.Parameter]) -> bool:
-    """Whether this rank's own part of any gradient holds a NaN or an infinity (no communication)."""
-    return any(not bool(torch.isfinite(_local(p.grad.detach())).all()) for p in params if p.grad is not None)
 
 
 def ranks_where(condition: bool, rank: int) -> list[int]:
