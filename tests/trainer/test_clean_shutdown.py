@@ -47,9 +47,11 @@ def test_two_nodes_that_succeed_leave_quietly(tiny_prefix, tmp_path):
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-                                    ["--pipeline-model-parallel-size", "2"], ["--use-distributed-optimizer"]],
-                         ids=["tp2-sp", "pp2", "dp2-fsdp"])
+# Pipeline and ZeRO runs (12 s each) under the campaign: the two-node and the four-way T5 cases leave quietly too.
+@pytest.mark.parametrize("layout", [
+    pytest.param(["--tensor-model-parallel-size", "2", "--sequence-parallel"], id="tp2-sp"),
+    pytest.param(["--pipeline-model-parallel-size", "2"], id="pp2", marks=pytest.mark.campaign),
+    pytest.param(["--use-distributed-optimizer"], id="dp2-fsdp", marks=pytest.mark.campaign)])
 def test_two_workers_that_succeed_leave_quietly(tiny_prefix, tmp_path, layout):
     argv = _argv(tiny_prefix, str(tmp_path / "cache"), "--nproc-per-node", "2", "--master-port", str(free_port()),
                  *layout)

@@ -63,7 +63,8 @@ def test_ranks_agree_on_the_exit_duration(tiny_prefix, cache_dir, tmp_path):
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize(("processes", "signal_name"), [(1, "SIGTERM"), (2, "SIGTERM"), (2, "SIGUSR1")])
+@pytest.mark.parametrize(("processes", "signal_name"), [
+    (1, "SIGTERM"), (2, "SIGTERM"), pytest.param(2, "SIGUSR1", marks=pytest.mark.campaign)])  # any signal: one path
 def test_the_exit_signal_saves_and_exits_0_with_one_line(processes, signal_name, tiny_prefix, cache_dir, tmp_path):
     save = tmp_path / "run"
     config = tiny_config(tiny_prefix, cache_dir, train_iters=LONG_RUN_ITERS, save=str(save), num_layers=2)

@@ -57,6 +57,7 @@ def test_compiled_moe_gpt_trains_like_eager(tiny_prefix, cache_dir, fresh_compil
         [step["moe_dropped_fraction"] for step in eager["auxiliary"]]  # the same routing, the same drops
 
 
+@pytest.mark.campaign  # 27 s; the MoE GPT above compiles the same expert block by default
 @pytest.mark.timeout(600)
 def test_compiled_switch_t5_trains_like_eager(sentence_prefix, data_test, tmp_path, fresh_compiler):
     config = with_experts(short_run(t5_config(sentence_prefix, data_test, str(tmp_path / "cache"))),

@@ -19,8 +19,8 @@ LONG_RUN_ITERS = 100_000
 @pytest.mark.timeout(START_TIMEOUT_S + 2 * EXIT_TIMEOUT_S)
 @pytest.mark.parametrize(("processes", "signal_number", "whole_group"), [
     (1, signal.SIGINT, True),    # Ctrl-C in a terminal
-    (1, signal.SIGTERM, False),  # kill, a scheduler's preemption
-    (2, signal.SIGINT, True),    # Ctrl-C reaches the launcher and its workers at once
+    pytest.param(1, signal.SIGTERM, False, marks=pytest.mark.campaign),  # kill, a scheduler's preemption
+    pytest.param(2, signal.SIGINT, True, marks=pytest.mark.campaign),  # Ctrl-C reaches launcher and workers at once
     (2, signal.SIGTERM, False),  # SIGTERM to the launcher only: it stops its workers
 ])
 def test_a_signal_ends_train_with_one_line(processes, signal_number, whole_group, tiny_prefix, cache_dir, tmp_path):
