@@ -258,7 +258,7 @@ class _Run:
         self.early_exit = held.enter_context(EarlyExit(
             training.exit_interval,
             None if training.exit_duration_in_mins is None else training.exit_duration_in_mins * SECONDS_PER_MINUTE,
-            signal.Signals[training.exit_signal] if training.exit_signal_handler else None, ctx.device, started))
+            signal.Signals[training.exit_signal] if training.exit_signal_handler else None, started))
         level = config.logging.timing_log_level
         self.timer = StepTimer(level >= 1, ctx.device, detailed=level >= 2 and self.model.schedule is None)
         self.model.timer = self.timer

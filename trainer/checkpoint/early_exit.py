@@ -2,7 +2,7 @@
 ``--exit-duration-in-mins`` and ``--exit-signal-handler``.
 
     with EarlyExit(exit_interval=None, exit_duration_s=3600.0, exit_signal=signal.SIGTERM,
-                   device=device, started=time.monotonic()) as early_exit:
+                   started=time.monotonic()) as early_exit:
         for each step:
             ...
             reason = early_exit.reason(iteration)   # collective (when a rank-local condition is asked for)
@@ -11,7 +11,9 @@
 
 The signal only sets a flag (the step in flight finishes); after each step the ranks all-reduce their flags
 and elapsed-time verdicts with MAX, so that a signal that reached one rank only, or a clock that crossed the
-limit on one rank first, stops every rank at the same step (Megatron's all-reduce of ``done_cuda``).
+limit on one rank first, stops every rank at the same step (Megatron's all-reduce of ``done_cuda``). They do so
+over a gloo group of their own, on host tensors: under NCCL a device all-reduce and its read would wait for the
+work queued before it (the trainer checks a step while the next step's backward runs on the GPU).
 """
 
 from __future__ import annotations
@@ -38,14 +40,20 @@ class EarlyExit:
         exit_interval: stop after an iteration divisible by it (None: never).
         exit_duration_s: stop after the first step that ends this many seconds after ``started`` (None: never).
         exit_signal: the signal that asks the run to stop (None: no handler; the signal does what it did).
-        device: where the agreement's all-reduce runs (a CUDA device under NCCL).
         started: `time.monotonic` value the duration counts from.
+
+    Collective when the run is distributed and a signal or a duration is asked for: every rank builds it (it
+    creates the agreement's group).
     """
 
     def __init__(self, exit_interval: int | None, exit_duration_s: float | None, exit_signal: signal.Signals | None,
-                 device: torch.device, started: float) -> None:
+                 started: float) -> None:
         self.exit_interval, self.exit_duration_s, self.exit_signal = exit_interval, exit_duration_s, exit_signal
-        self.device, self.started = device, started
+        self.started = started
+        agreed = (exit_signal is not None or exit_duration_s is not None) and dist.is_initialized() \
+            and dist.get_world_size() > 1
+        self._group = dist.new_group(backend="gloo") if agreed else None
+        """The ranks' agreement on the flags (None: one process, or nothing rank-local to agree on)."""
         self.signalled = False
         self._previous_handler: signal.Handlers | None = None
 
@@ -71,10 +79,9 @@ class EarlyExit:
         signal handler or a duration is set and the run is distributed)."""
         flags = [self.signalled, self.exit_duration_s is not None
                  and time.monotonic() - self.started >= self.exit_duration_s]
-        if (self.exit_signal is not None or self.exit_duration_s is not None) and dist.is_initialized() \
-                and dist.get_world_size() > 1:
-            agreed = torch.tensor(flags, dtype=torch.int32, device=self.device)
-            dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        if self._group is not None:
+            agreed = torch.tensor(flags, dtype=torch.int32)
+            dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=self._group)
             flags = [bool(flag) for flag in agreed.tolist()]
         if flags[_SIGNALLED]:
             return f"{self.exit_signal.name} received (exit_signal_handler)"
