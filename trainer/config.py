@@ -638,6 +638,12 @@ class PrecisionConfig:
         overflow is skipped, not stopped on."""
         return self.fp16 or self.loss_scale is not None
 
+    @property
+    def skips_overflowing_steps(self) -> bool:
+        """A step whose gradients are not finite is skipped, not stopped on (a loss scaler, or no NaN check): the
+        host reads the step's gradient norm before deciding on its update."""
+        return self.loss_scaled or self.no_check_for_nan_in_loss_and_grad
+
     def __post_init__(self) -> None:
         if self.bf16 and self.fp16:
             raise TrainConfigError("bf16 and fp16 are mutually exclusive")

@@ -422,9 +422,8 @@ class _Run:
         come after the step's figures and before the next step's update), and so does a step timed phase by phase
         (``--timing-log-level`` 1 or 2 waits for the device at every phase's ends: nothing is left to overlap)."""
         cfg = self.config
-        precision = cfg.precision
         save_interval = cfg.checkpoint.save_interval if cfg.checkpoint.save else None
-        return not (precision.loss_scaled or precision.no_check_for_nan_in_loss_and_grad or self.timer.enabled) \
+        return not (cfg.precision.skips_overflowing_steps or self.timer.enabled) \
             and iteration < cfg.training.train_iters and iteration % cfg.logging.eval_interval != 0 \
             and not (save_interval and iteration % save_interval == 0)
 
@@ -445,8 +444,7 @@ class _Run:
     def _update(self, queued: _Queued, reads_later: bool) -> None:
         """Clip and take the optimizer's step of ``queued``; where the host decides on it (``reads_later`` false
         and a loss scaler or no NaN check), read the figures first and skip a step whose gradients overflowed."""
-        precision = self.config.precision
-        host_decides = precision.loss_scaled or precision.no_check_for_nan_in_loss_and_grad
+        host_decides = self.config.precision.skips_overflowing_steps
         with self.timer.phase("grad_clip"):
             if self.config.optimizer.clip_grad > 0 or self.scaler.scale != 1.0:  # else a multiply by 1
                 scale_grads(self.params,
