@@ -79,6 +79,7 @@ MT5_VOCAB = 250112
 # the same size need some room of their own (the allocator's fragmentation, compiled graphs' workspaces).
 PROBE_STEPS = 2
 FIT_FRACTION = 0.85
+TINY_TITLE = " (tiny)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,8 @@ class Workload:
 
     family: str
     """`trainer.models` family name."""
+    title: str
+    """The model's name in reports: "GPT-345M", "mT5-base" ("(tiny)" added for the tiny shapes)."""
     shape: GPTShape | T5Shape
     build: Callable[[GPTShape | T5Shape], nn.Module]
     """The model class (the plain loop's model; ours builds the same class through its runner)."""
@@ -129,7 +132,8 @@ def gpt_workload(tiny: bool) -> Workload:
                          max_position_embeddings=1024,
                          padded_vocab_size=pad_vocab_size(GPT2_VOCAB, VOCAB_DIVISIBLE_BY, tp=1))
         seq, micro_batch = 1024, 4
-    return Workload(family="gpt", shape=shape, build=GPT, micro_batch_size=micro_batch, lengths=(seq,),
+    return Workload(family="gpt", title="GPT-345M" + TINY_TITLE * tiny, shape=shape, build=GPT,
+                    micro_batch_size=micro_batch, lengths=(seq,),
                     flops_per_token=gpt_flops_per_token(shape, seq))
 
 
@@ -142,7 +146,8 @@ def t5_workload(tiny: bool) -> Workload:
         shape = T5Shape(vocab_size=MT5_VOCAB, d_model=768, d_kv=64, d_ff=2048, num_heads=12, num_encoder_layers=12,
                         num_decoder_layers=12, feed_forward="gated-gelu")
         lengths, micro_batch = (512, 128), 16
-    return Workload(family="t5", shape=shape, build=T5, micro_batch_size=micro_batch, lengths=lengths,
+    return Workload(family="t5", title="mT5-base" + TINY_TITLE * tiny, shape=shape, build=T5,
+                    micro_batch_size=micro_batch, lengths=lengths,
                     flops_per_token=t5_flops_per_token(shape, *lengths))
 
 
@@ -338,7 +343,7 @@ def benchmark(family: str, args: argparse.Namespace, device: torch.device) -> li
         work = dataclasses.replace(seed_work, micro_batch_size=micro_batch_size)
         generator = torch.Generator().manual_seed(SEED)
         batches = [work.batch(generator, device) for _ in range(args.batches)]
-        print(f"{family} ({'tiny' if args.tiny else 'full'}): micro-batch {work.micro_batch_size} x "
+        print(f"{work.title}: micro-batch {work.micro_batch_size} x "
               f"{' + '.join(map(str, work.lengths))} positions, bf16 autocast, {mode}, {timing.warmup} warm-up + "
               f"{timing.windows} x {timing.steps} timed steps (median window)")
         ours, initial = run_ours(work, batches, device, timing, args.compile)

@@ -2,7 +2,7 @@
 
 Promised: the same script, run as a device call would run it (from the repository root, the project on
 PYTHONPATH, its outputs under ``$OUT``), goes through every step with the device flag ``cpu`` at tiny sizes and
-reports each as ok; ``$OUT`` holds the log, one JSON of figures and the profile table, and nothing else; the
+reports each as ok; ``$OUT`` holds the log, one JSON of figures and the two profile tables, and nothing else; the
 figures hold what the GPU run is for (test counts, throughput and MFU fields, the workflow's losses and
 perplexity, the profile's shares). So a first GPU call meets only CUDA itself as new.
 
@@ -23,9 +23,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "device" / "run.sh"
-STEPS = ("environment", "cuda_tests", "gpu_step_gpt_eager", "gpu_step_t5_eager", "workflow", "profile")
+STEPS = ("environment", "cuda_tests", "gpu_step_gpt_eager", "gpu_step_t5_eager", "workflow", "profile", "profile_t5")
 COMPILE_STEPS = ("gpu_step_gpt_compile", "gpu_step_t5_compile")
-OUTPUTS = {"run.log", "figures.json", "profile.txt"}
+OUTPUTS = {"run.log", "figures.json", "profile.txt", "profile_t5.txt"}
 PROFILE_CATEGORIES = {"attention", "matmul", "optimizer", "other"}
 # The steps' time limits are the GPU machine's (16 cores compile there); two CPU cores, shared, compile the tiny
 # models some times slower. A quiet 2-core machine runs the whole dry run in about two minutes.
@@ -116,8 +116,10 @@ def test_the_workflow_trains_saves_generates_and_evaluates(figures):
     assert workflow["generate"]["prompt"] == "The history of the" and len(workflow["generate"]["ids"]) > 0
 
 
-def test_the_profile_splits_the_step_into_attention_matmul_optimizer_and_other(figures, dry_run):
-    profile = figures["steps"]["profile"]["figures"]
+@pytest.mark.parametrize(("step", "table_name"), [("profile", "profile.txt"), ("profile_t5", "profile_t5.txt")])
+def test_the_profile_splits_the_step_into_attention_matmul_optimizer_and_other(figures, dry_run, step, table_name):
+    profile = figures["steps"][step]["figures"]
+    assert profile["model"] == {"profile": "gpt", "profile_t5": "t5"}[step]
     assert set(profile["shares"]) == PROFILE_CATEGORIES
     assert sum(profile["shares"].values()) == pytest.approx(1.0)
     assert profile["shares"]["matmul"] > 0 and profile["shares"]["attention"] > 0
@@ -126,8 +128,11 @@ def test_the_profile_splits_the_step_into_attention_matmul_optimizer_and_other(f
         profile["total_ms_per_step"] / profile["wall_ms_per_step"])
     assert profile["shares"]["optimizer"] > 0
     assert len(profile["top"]) == 10
-    table = (dry_run[1] / "profile.txt").read_text()
+    # The host's side of the step: on a CUDA device a table of its own; a CPU runs the operators itself.
+    assert profile["host"] == {key: profile[key] for key in profile["host"]}
+    table = (dry_run[1] / table_name).read_text()
     assert all(category in table for category in PROFILE_CATEGORIES)
+    assert "the host's side of the step" in table
 
 
 def _write_probe_wheel(folder: Path) -> str:

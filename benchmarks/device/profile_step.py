@@ -1,20 +1,25 @@
-"""Where the time of our GPT-345M training step goes: a `torch.profiler` trace summarised as a text table.
+"""Where the time of our training step goes: a `torch.profiler` trace summarised as text tables.
 
 The step is `benchmarks.gpu_step`'s (our runner, bf16 autocast, the AdamW kernel the trainer picks, global
-gradient norm and clipping; ``--compile``: as ``train --compile``). After ``--warmup`` steps, ``--steps`` steps
-are timed untraced (the wall time of a step, against which the kernels' time says how busy the device is: below
-100% it waits on the host), then ``--steps`` steps are traced; the table lists the 10 kernels that took the most
-device time (on a CPU: the 10 operators with the most CPU time of their own) and the share of that time in
-attention, matrix products, the optimiser and everything else.
+gradient norm and clipping; ``--compile``: as ``train --compile``) for ``--model`` (OneFlow's GPT-345M, or
+LiBai's mT5-base) at its seeds' micro-batch (or ``--micro-batch-size``). After ``--warmup`` steps, ``--steps``
+steps are timed untraced (the wall time of a step, against which the kernels' time says how busy the device is:
+below 100% it waits on the host), then ``--steps`` steps are traced. The first table lists the 10 kernels that
+took the most device time (on a CPU: the 10 operators with the most CPU time of their own) and the share of that
+time in attention, matrix products, the optimiser and everything else; the second lists the same for the host's
+side of the step (the operators' and the CUDA runtime's own CPU time, traced: the profiler's own cost included),
+which names what the device waits on when it is not busy (on a CPU the first table is the host's).
 
     python -m benchmarks.device.profile_step --table profile.txt --json profile.json     # on the CUDA device
     python -m benchmarks.device.profile_step --compile --table profile.txt                # the compiled step
+    python -m benchmarks.device.profile_step --model t5 --table profile_t5.txt            # mT5-base, eager
     python -m benchmarks.device.profile_step --device cpu --tiny --table profile.txt      # checks the script
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from collections.abc import Callable
@@ -106,24 +111,32 @@ def summarise(times: dict[str, float], steps: int, unit: str, wall_ms: float) ->
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=tuple(WORKLOADS), default="gpt",
+                        help="GPT-345M (gpt) or mT5-base (t5), as benchmarks/gpu_step.py builds them")
+    parser.add_argument("--micro-batch-size", type=int, metavar="N", help="default: the model's seeds' own")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
-    parser.add_argument("--tiny", action="store_true", help="the tiny GPT shape (checks the script)")
+    parser.add_argument("--tiny", action="store_true", help="the model's tiny shape (checks the script)")
     parser.add_argument("--compile", action="store_true", help="the step of train --compile")
     parser.add_argument("--warmup", type=int, default=3, help="untraced steps first")
     parser.add_argument("--steps", type=int, default=3, help="traced steps")
-    parser.add_argument("--table", type=Path, required=True, help="write the text table here")
+    parser.add_argument("--table", type=Path, required=True, help="write the text tables here")
     parser.add_argument("--json", type=Path, help="also write the figures to this JSON file")
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.micro_batch_size is not None and args.micro_batch_size < 1:
+        parser.error(f"--micro-batch-size must be at least 1, got {args.micro_batch_size}")
     if args.device == "cuda" and not torch.cuda.is_available():
         print("profile_step: no CUDA device is available (use --tiny --device cpu to check the script on a CPU)",
               file=sys.stderr)
         return EXIT_NO_CUDA
     device = torch.device(args.device)
-    work = WORKLOADS["gpt"](args.tiny)
+    work = WORKLOADS[args.model](args.tiny)
+    if args.micro_batch_size is not None:
+        work = dataclasses.replace(work, micro_batch_size=args.micro_batch_size)
     batches = [work.batch(torch.Generator().manual_seed(SEED), device)]
     step, _ = build_ours(work, batches, device, compile_blocks=args.compile)
     for index in range(args.warmup):
@@ -137,13 +150,21 @@ def main(argv: list[str] | None = None) -> int:
             torch.cuda.synchronize(device)
     unit = "kernel" if device.type == "cuda" else "operator"
     table, figures = summarise(kernel_times(trace, device), args.steps, unit, wall_ms)
+    if device.type == "cuda":
+        host_table, host_figures = summarise(kernel_times(trace, torch.device("cpu")), args.steps, "host operator",
+                                             wall_ms)
+    else:  # the operators above are the host's
+        host_table, host_figures = "the table above (a CPU runs the operators itself)\n", figures
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    header = (f"GPT-345M{' (tiny)' if args.tiny else ''} training step on {name}: micro-batch {work.micro_batch_size}"
-              f" x {work.lengths[0]} positions, bf16 autocast, {'compile' if args.compile else 'eager'}\n\n")
-    args.table.write_text(header + table)
-    print(header + table, end="")
+    header = (f"{work.title} training step on {name}: micro-batch {work.micro_batch_size} x "
+              f"{' + '.join(map(str, work.lengths))} positions, bf16 autocast, "
+              f"{'compile' if args.compile else 'eager'}\n\n")
+    text = f"{header}{table}\nthe host's side of the step: {host_table}"
+    args.table.write_text(text)
+    print(text, end="")
     if args.json is not None:
-        write_json(args.json, {"device": name, **figures})
+        write_json(args.json, {"device": name, "model": args.model, "micro_batch_size": work.micro_batch_size,
+                               **figures, "host": host_figures})
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The one command a device call runs, from the repository root, on a GPU machine without network:
 #
-#   OUT=<folder> bash benchmarks/device/run.sh            # run.log, figures.json, profile.txt into $OUT
+#   OUT=<folder> bash benchmarks/device/run.sh            # run.log, figures.json, profile*.txt into $OUT
 #   OUT=<folder> DEVICE=cpu TINY=1 bash benchmarks/device/run.sh    # dry run of every step on a CPU
 #
 # Installs the wheels benchmarks/device/fetch_wheels.sh put in .whl/ (what the device image lacks) into
