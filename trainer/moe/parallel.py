@@ -119,6 +119,7 @@ def apply_expert_fsdp(model: nn.Module, expert_dp_mesh: DeviceMesh, dp: int, opt
             experts.set_force_sum_reduction_for_comms(True)
 
 
+@torch.no_grad()
 def reduce_expert_grads(params: list[nn.Parameter], expert_dp_group: dist.ProcessGroup | None, dp: int) -> None:
     """Average the expert gradients as data parallelism averages the others (ZeRO stages 0-1; under FSDP2
     `apply_expert_fsdp`'s units do it).

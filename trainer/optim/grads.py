@@ -54,6 +54,7 @@ class GradNorm(NamedTuple):
     infinity, or where its float32 norm overflows (the rank that makes the total infinite)."""
 
 
+@torch.no_grad()  # DTensor's `to_local` is an autograd function: with grad mode on each call sets up its backward
 def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | None) -> GradNorm:
     """The L2 norm of all gradients of the whole model, identical on every rank, and whether this rank's own part
     of it is finite (computing them queues kernels and collectives; nothing is read).
@@ -69,9 +70,9 @@ def global_grad_norm(params: list[nn.Parameter], pp_group: dist.ProcessGroup | N
     groups: dict[object, list[DTensor]] = defaultdict(list)
     plain: list[torch.Tensor] = []
     for p in params:
-        if p.grad is None:
+        grad = p.grad  # no graph hangs on a gradient (no double backward here): no `detach`, a DTensor dispatch
+        if grad is None:
             continue
-        grad = p.grad.detach()
         if isinstance(grad, DTensor):
             if any(placement.is_partial() for placement in grad.placements):
                 # A pending sum is not a sum of squares: reduce it first (rare; gradients are
@@ -97,6 +98,7 @@ def _local_grads(params: Iterable[nn.Parameter]) -> list[torch.Tensor]:
     return [_local(p.grad) for p in params if p.grad is not None]
 
 
+@torch.no_grad()
 def scale_grads(params: list[nn.Parameter], factor: float | torch.Tensor) -> None:
     """Multiply every gradient by ``factor`` in place (clipping and loss-scale division), on this rank's own part
     of it (exact for any DTensor placement), with torch's multi-tensor kernels: a few launches rather than one per
@@ -110,10 +112,10 @@ def scale_grads(params: list[nn.Parameter], factor: float | torch.Tensor) -> Non
         factor = factor.to(torch.float32)
     grads = _local_grads(params)
     if grads:
-        with torch.no_grad():
-            torch._foreach_mul_(grads, factor)
+        torch._foreach_mul_(grads, factor)
 
 
+@torch.no_grad()
 def divide_grads(params: Iterable[nn.Parameter], divisor: int) -> None:
     """Divide every gradient by ``divisor`` in place, on this rank's own part of it: exact for any DTensor
     placement (a pending sum divides term by term), where DTensor's own in-place division of a pending sum is
@@ -122,8 +124,7 @@ def divide_grads(params: Iterable[nn.Parameter], divisor: int) -> None:
         return
     grads = _local_grads(params)
     if grads:
-        with torch.no_grad():
-            torch._foreach_div_(grads, divisor)
+        torch._foreach_div_(grads, divisor)
 
 
 def clip_factor(total_norm: torch.Tensor, max_norm: float) -> torch.Tensor:
