@@ -146,10 +146,11 @@ def test_compile_is_a_train_flag():
     assert not config_from_args(parser.parse_args(base)).training.compile
 
 
-def test_adamw_kernel_is_fused_on_cuda_and_foreach_elsewhere():
+def test_adamw_kernel_is_fused_on_cuda_and_cpus_and_foreach_elsewhere():
     params = [torch.zeros(2, 2), torch.zeros(2)]
     assert select_adamw_kernel("cuda", params) == "fused"
-    assert select_adamw_kernel("cpu", params) == "foreach"
+    assert select_adamw_kernel("cpu", params) == "fused"
+    assert select_adamw_kernel("mps", params) == "foreach"
     assert ADAMW_KERNEL_OPTIONS["fused"] == {"fused": True}
 
 
@@ -169,14 +170,14 @@ def test_adamw_kernel_falls_back_to_the_loop_on_mixed_layouts(single_process_gro
     assert select_adamw_kernel("cpu", [dtensor, torch.zeros(2)]) == "for-loop"
     # All DTensors on one mesh (FSDP2 alone) keep the fast kernels.
     assert select_adamw_kernel("cuda", [dtensor, dtensor]) == "fused"
-    assert select_adamw_kernel("cpu", [dtensor]) == "foreach"
+    assert select_adamw_kernel("cpu", [dtensor]) == "fused"
 
 
-def test_cpu_run_uses_the_foreach_kernel_and_says_so_once(tiny_prefix, cache_dir, caplog):
+def test_cpu_run_uses_the_fused_kernel_and_says_so_once(tiny_prefix, cache_dir, caplog):
     caplog.set_level(logging.INFO, logger="trainer.train")
     result_record(tiny_config(tiny_prefix, cache_dir, train_iters=1))
     assert caplog.text.count("AdamW kernel: ") == 1
-    assert "AdamW kernel: foreach" in caplog.text
+    assert "AdamW kernel: fused" in caplog.text
 
 
 def test_build_optimizer_passes_the_kernel_to_adamw():

@@ -52,8 +52,6 @@ FSDP_STAGES = (2, 3)
 # AdamW's per-parameter state keys whose tensors have the parameter's shape (``step`` is a scalar).
 MOMENT_KEYS = ("exp_avg", "exp_avg_sq")
 CPU = torch.device("cpu")
-# AdamW's kernel for a step on the CPU (offload): PyTorch's fused CPU AdamW, vectorised over each tensor.
-CPU_FUSED_KERNEL = "fused"
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -166,8 +164,6 @@ class ShardedAdamW:
         masters = [(name, self.slices[param].master) for name, param in named_params]
         decayed = frozenset(name for name, param in named_params if param.ndim >= 2)
         kernel = select_adamw_kernel(CPU.type if offload else device_type, [m for _, m in masters])
-        if offload and kernel == "foreach":  # all plain CPU tensors
-            kernel = CPU_FUSED_KERNEL
         self.kernel = kernel
         self.inner = build_optimizer(masters, config, decayed=decayed, decoupled=decoupled,
                                      **ADAMW_KERNEL_OPTIONS[kernel])
@@ -277,8 +273,6 @@ def build_zero_optimizer(named_params: list[tuple[str, nn.Parameter]], config: O
         params = [p for _, p in named_params]
         step_device = CPU.type if offload else device_type
         kernel = select_adamw_kernel(step_device, params)
-        if offload and kernel == "foreach":
-            kernel = CPU_FUSED_KERNEL
         return build_optimizer(named_params, config, decoupled=decoupled, **ADAMW_KERNEL_OPTIONS[kernel]), kernel
     optimizer = ShardedAdamW(named_params, config, dp_group if dp > 1 else None, offload, device_type, decoupled)
     return optimizer, optimizer.kernel
