@@ -236,8 +236,6 @@ class _Run:
         self.completed_iteration: int | None = None
         """The last iteration whose step finished (None until `train` starts the step loop)."""
         self._window = _Window()
-        self._finished_at = 0.0
-        """`time.perf_counter` when the last step's figures were read (`train` sets it as it starts)."""
         self.loaded_from: tuple[Path, int] | None = None
         """(root, iteration) of the checkpoint the run resumed from: never removed by keep_last_checkpoints."""
         if config.checkpoint.load is not None:
@@ -490,9 +488,14 @@ class _Run:
                              "--check-for-nan-in-loss-and-grad does (--no-check-for-nan-in-loss-and-grad skips "
                              "such steps instead)")
 
-    def _finish(self, taken: _Taken, result: TrainResult) -> bool:
+    def _finish(self, taken: _Taken, result: TrainResult, ended: float | None = None) -> bool:
         """Read ``taken``'s figures (waiting for the device up to its norm), check them, record and log them, and
-        evaluate and save where due; returns whether the run stops after it (an early exit)."""
+        evaluate and save where due; returns whether the run stops after it (an early exit).
+
+        ``ended``: where the step's time ends (`time.perf_counter`), for a step read during the next one: when the
+        next step asked for its batch. None: now, as its figures are read. A step's time runs from its own batch's
+        request, so the steps' times tile the run: a read one step later moves no step's work into another's.
+        """
         loss, norm = taken.queued.figures if taken.queued.figures is not None else taken.queued.read()
         if not self.config.precision.no_check_for_nan_in_loss_and_grad:
             self._check_finite(taken, loss, norm)
@@ -501,12 +504,9 @@ class _Run:
         result.losses.append(loss)
         result.grad_norms.append(norm)
         result.auxiliary.append(taken.queued.auxiliary)
-        # A step's time runs from its batch's fetch, or from the previous step's figures where they came later.
-        finished = time.perf_counter()
         window = self._window
-        window.add(loss, norm, finished - max(taken.began, self._finished_at), taken.data_seconds,
+        window.add(loss, norm, (time.perf_counter() if ended is None else ended) - taken.began, taken.data_seconds,
                    taken.queued.auxiliary)
-        self._finished_at = finished
         window.samples += taken.batch_size
         iteration = taken.iteration
         result.exit_reason = self.early_exit.reason(iteration) if iteration < train_iters else None
@@ -564,7 +564,6 @@ class _Run:
         batches = Prefetcher(step_iterator(self.train_ds, self.consumed_samples, self.dims.micro_batch_size,
                                            self.dims.num_microbatches, self.dp_rank, self.dims.dp, self.vocabulary.size,
                                            self.collate, self.batch_sizes))
-        self._finished_at = time.perf_counter()
         pending: _Taken | None = None  # a step whose figures are read during the next one
         self.model.set_train(True)
         try:
@@ -577,7 +576,7 @@ class _Run:
                 with self.observer.step(self.iteration):
                     queued = self._forward_backward(microbatches)
                     if pending is not None:
-                        stop = self._finish(pending, result)
+                        stop = self._finish(pending, result, ended=start)
                         pending = None
                         if stop:
                             self.iteration -= 1  # this step's forward and backward ran; its update is not taken

@@ -8,6 +8,8 @@
   end where an evaluation, a save or the run's end follows it; before the optimizer's step where one is skipped
   (fp16, ``--loss-scale``, ``--no-check-for-nan-in-loss-and-grad``); clipping is computed on the device; a run
   that stops at a step's figures read later keeps that step's weights and counts, as if it had read them at once;
+  each step's time runs from its batch's request to the next one's (or, read at once, to its figures): the
+  times tile the run whenever the figures are read;
 - ``--accumulate-allreduce-grads-in-fp32`` is what we always do: the same losses;
 - ``--disable-bf16-reduced-precision-matmul`` sets torch's process-wide CUDA switch, as Megatron does.
 """
@@ -16,6 +18,8 @@ from __future__ import annotations
 
 import json
 import math
+import time
+import types
 
 import pytest
 import torch
@@ -186,6 +190,39 @@ def test_reading_the_figures_a_step_later_changes_no_figure_and_no_log(tiny_pref
     assert later.losses == at_once.losses and later.grad_norms == at_once.grad_norms
     assert later_records == at_once_records
     assert [record["iteration"] for record in later_records if "loss" in record] == [2, 4, 6]
+
+
+@pytest.mark.parametrize("reads", ["later", "at_once"])
+def test_each_step_is_timed_from_its_batch_to_the_next_steps_batch(tiny_prefix, cache_dir, tmp_path, monkeypatch,
+                                                                   reads):
+    """On a clock that moves only in the forward-backward (1 s) and the optimizer's step (0.25 s), as a CPU runs
+    them, every step takes 1.25 s, the first and the last too: a step read during the next one ends where the
+    next one asks for its batch, so neither the next forward-backward nor a read shifts time between steps."""
+    forward_backward_s, optimizer_s = 1.0, 0.25  # binary fractions: the sums are exact
+    clock = [0.0]
+    monkeypatch.setattr(train_module, "time", types.SimpleNamespace(perf_counter=lambda: clock[0],
+                                                                    monotonic=time.monotonic))
+    model_run, adamw_step = ParallelModel.run, torch.optim.AdamW.step
+
+    def timed_run(self, microbatches, train):
+        clock[0] += forward_backward_s if train else 0.0
+        return model_run(self, microbatches, train)
+
+    def timed_step(self, *args, **kwargs):
+        clock[0] += optimizer_s
+        return adamw_step(self, *args, **kwargs)
+
+    monkeypatch.setattr(ParallelModel, "run", timed_run)
+    monkeypatch.setattr(torch.optim.AdamW, "step", timed_step)
+    if reads == "at_once":
+        monkeypatch.setattr(train_module._Run, "_reads_later", lambda self, iteration: False)
+    config = tiny_config(tiny_prefix, cache_dir, train_iters=4, num_layers=1, hidden_size=16,
+                         metrics_file=str(tmp_path / "metrics.jsonl"))
+    config.logging.log_interval = 1
+    train(config)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    times = [record["ms_per_iteration"] for record in records if "loss" in record]
+    assert times == [1000 * (forward_backward_s + optimizer_s)] * 4
 
 
 @pytest.mark.timeout(300)
