@@ -10,9 +10,9 @@ Steps: ``environment`` (torch, the device, the modules the project needs); ``cud
 skip without CUDA: tests/trainer/test_zero_offload.py and tests/trainer/test_on_device.py); ``gpu_step_*``
 (benchmarks/gpu_step.py for GPT-345M and mT5-base, eager at the model's micro-batch and the largest that fits,
 ``--compile`` at the same micro-batches); ``workflow`` (the README's preprocess-data, train, generate and evaluate on
-the device); ``profile`` and ``profile_t5`` (benchmarks/device/profile_step.py's tables of the GPT-345M and mT5-base steps,
-eager). With ``--device cpu --tiny`` every step
-runs on the CPU at tiny sizes, the same commands with the same device flag: a dry run of the script.
+the device); ``profile`` and ``profile_t5`` (benchmarks/device/profile_step.py's tables of the GPT-345M and
+mT5-base steps, eager). With ``--device cpu --tiny`` every step runs on the CPU at tiny sizes, the same commands
+with the same device flag: a dry run of the script.
 
     python -m benchmarks.device.run --out out/ --work /tmp/device-work                 # on a GPU machine
     python -m benchmarks.device.run --out out/ --work /tmp/w --device cpu --tiny        # dry run on a CPU
