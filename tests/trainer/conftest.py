@@ -1,9 +1,27 @@
-"""Fixtures of the trainer tests: a small-vocabulary token file and the single-process reference run."""
+"""Fixtures of the trainer tests: one intra-op thread, a small-vocabulary token file and the single-process
+reference run."""
 
 from pathlib import Path
 
 import pytest
-from trainer_testing import result_record, tiny_config, write_tiny_dataset
+import torch
+from trainer_testing import TEST_THREADS, result_record, tiny_config, write_tiny_dataset
+
+
+@pytest.fixture(scope="session", autouse=True)
+def one_thread_from_the_start():
+    """`TEST_THREADS` before any session fixture of the trainer tests (the references) runs. Tests compare their
+    in-process runs bit for bit with session-wide references computed in other tests: with the count left to
+    whichever test ran last, such a comparison depended on the order the tests ran in. (On a shared 2-core machine
+    one thread is also the faster for tiny matrices.)"""
+    torch.set_num_threads(TEST_THREADS)
+
+
+@pytest.fixture(autouse=True)
+def one_thread(one_thread_from_the_start):
+    """Each test leaves the count as it found it."""
+    yield
+    torch.set_num_threads(TEST_THREADS)
 
 
 @pytest.fixture(scope="session")

@@ -147,7 +147,6 @@ LAYOUTS = {
 @pytest.mark.slow
 def test_tp_pp_dp_follow_the_single_process_losses(tmp_path):
     batches = make_batches()
-    torch.set_num_threads(1)
     references = {}
     for layout in LAYOUTS.values():
         key = (layout.get("binary_head", True), layout.get("num_layers", 2))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from long_runs_testing import EXIT_TIMEOUT_S, REPO
-from trainer_testing import tiny_config
+from trainer_testing import TEST_THREADS, tiny_config
 
 from trainer.checkpoint.manifest import MANIFEST_FILE
 from trainer.checkpoint.store import LATEST_FILE, METADATA_FILE, checkpoint_dir, latest_iteration
@@ -78,6 +78,7 @@ def test_a_crash_during_an_async_save_leaves_the_previous_checkpoint_the_latest(
     script = textwrap.dedent(f"""
         import os, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
+        import torch
         import trainer.checkpoint.async_save as async_save
         from trainer_testing import tiny_config
         from trainer.config import CheckpointConfig
@@ -90,6 +91,7 @@ def test_a_crash_during_an_async_save_leaves_the_previous_checkpoint_the_latest(
             complete(root, iteration, temp, group)
 
         async_save.complete_save = crash_before_completing
+        torch.set_num_threads({TEST_THREADS})  # the in-process reference's: steps 1 and 2 are compared bit for bit
         config = tiny_config({tiny_prefix!r}, {cache_dir!r}, save={str(save)!r}, save_interval={SAVE_INTERVAL})
         config.checkpoint.async_save = True
         train(config)

@@ -27,15 +27,6 @@ LEARNED_F1 = 90.0
 SMALL = FeatureOptions(max_seq_length=40, doc_stride=8, max_query_length=8)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices on a shared 2-core machine: one thread is ~100x faster than two fighting for the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("name, vocab", [("squad_sample.json", "tokenizers/wordpiece-vocab.txt"),
                                          ("cmrc_sample.json", "squad/chinese-vocab.txt")])
 def test_every_gold_answer_maps_back_to_its_characters(name, vocab, data_test):

@@ -109,7 +109,6 @@ LAYOUTS = {
 @pytest.mark.slow
 def test_tp_pp_dp_follow_the_single_process_losses(tmp_path):
     batches = make_batches(tmp_path)
-    torch.set_num_threads(1)
     references = {}
     for variant, layout in LAYOUTS.values():
         key = (variant["feed_forward"], layout.get("layers", (2, 2)))

@@ -51,7 +51,6 @@ def reference_key(variant: dict, layout: dict) -> tuple:
 @pytest.mark.slow
 def test_sequence_parallel_follows_one_process_and_tensor_parallelism(tmp_path):
     batches = with_sample_ids(make_batches(tmp_path))
-    torch.set_num_threads(1)
     references = {}
     for variant, layout, _ in LAYOUTS.values():
         key = reference_key(variant, layout)
@@ -77,7 +76,6 @@ def test_pipeline_stages_exchange_sequence_shards(tmp_path):
     """PP 2 x TP 2 with sequence parallelism (4 processes): stages send 1/tp of each sequence, and a stage
     rebuilds the whole-sequence position biases from it (the second stage ends the encoder, 3 + 1 layers)."""
     batches = make_batches(tmp_path)
-    torch.set_num_threads(1)
     reference = run_parallel_t5(V1_0, batches, layers=(3, 1))
     [losses] = run_jobs(4, [(run_parallel_t5, (V1_0, batches), SEQUENCE_PARALLEL | dict(pp=2, layers=(3, 1)))],
                         tmp_path)

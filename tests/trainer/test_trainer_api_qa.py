@@ -18,7 +18,6 @@ import subprocess
 import sys
 
 import pytest
-import torch
 from test_bert_hf import make_hf_bert
 
 from indexed_dataset.errors import TokenmillError
@@ -28,15 +27,6 @@ from trainer.models.bert.squad.predict_cli import main as predict_main
 
 QUESTION = "My name is Wolfgang and I live in Berlin - Where do I live?"
 SUBPROCESS_TIMEOUT_S = 120
-
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny matrices on a shared 2-core machine: one thread is much faster than two fighting for the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -51,18 +41,13 @@ def squad_run(data_test, tmp_path_factory):
     shutil.copyfile(data_test / "tokenizers" / "wordpiece-vocab.txt", root / "bert" / "vocab.txt")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(root)
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            from trainer import Trainer  # the one line changed: `from mindformers.trainer import Trainer`
+        from trainer import Trainer  # the one line changed: `from mindformers.trainer import Trainer`
 
-            trainer = Trainer(task='question_answering', model='./bert/', train_dataset='./squad/',
-                              eval_dataset='./squad/')
-            trainer.train(resume_or_finetune_from_checkpoint="./bert/", do_finetune=True)
-            metric = trainer.evaluate(eval_checkpoint=True)
-            answers = trainer.predict(predict_checkpoint=True, input_data=[QUESTION])
-        finally:
-            torch.set_num_threads(threads)
+        trainer = Trainer(task='question_answering', model='./bert/', train_dataset='./squad/',
+                          eval_dataset='./squad/')
+        trainer.train(resume_or_finetune_from_checkpoint="./bert/", do_finetune=True)
+        metric = trainer.evaluate(eval_checkpoint=True)
+        answers = trainer.predict(predict_checkpoint=True, input_data=[QUESTION])
     return root, trainer, metric, answers
 
 
