@@ -19,7 +19,7 @@ def one_thread_from_the_start():
 
 @pytest.fixture(autouse=True)
 def one_thread(one_thread_from_the_start):
-    """Each test leaves the count as it found it."""
+    """Whatever count a test sets, the next one starts with `TEST_THREADS`."""
     yield
     torch.set_num_threads(TEST_THREADS)
 
