@@ -1,12 +1,13 @@
 """The ``train`` command: flags, metrics file, and launching its own worker processes."""
 
+import dataclasses
 import json
 
 import pytest
 from trainer_testing import argv_for, tiny_config
 
 from trainer.cli.train import main
-from trainer.cli.train_args import build_parser, config_from_args
+from trainer.cli.train_args import _field_docstrings, _sections, build_parser, config_from_args
 
 TRAIN_KEYS = {"iteration", "consumed_samples", "loss", "lr", "grad_norm", "ms_per_iteration", "tokens_per_second"}
 
@@ -34,6 +35,15 @@ def test_data_path_takes_megatron_blend_weights():
 
 def test_help_text_comes_from_field_docstrings():
     assert "Peak learning rate." in build_parser().format_help()
+
+
+def test_every_flag_of_every_section_has_its_field_docstring_as_help():
+    parser = build_parser()
+    helps = {action.dest: action.help for action in parser._actions}
+    for _, section in _sections():
+        for f in dataclasses.fields(section):
+            first_words = " ".join(_field_docstrings(section)[f.name].split()[:4])
+            assert first_words and helps[f.name].startswith(first_words), (section.__name__, f.name)
 
 
 def test_argv_round_trips_to_the_same_config(tiny_prefix, cache_dir):

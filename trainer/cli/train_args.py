@@ -13,9 +13,10 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import os
-import textwrap
+import sys
 import typing
 from collections.abc import Mapping
 from typing import Any
@@ -32,9 +33,24 @@ REGISTRY_CHOICES = {"model": tuple(FAMILIES)}
 
 
 def _field_docstrings(cls: type) -> dict[str, str]:
-    """Docstrings written under the fields of a dataclass, read from its source."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body
+    """Docstrings written under the fields of a dataclass, read from its module's source."""
+    return _module_field_docstrings(cls.__module__).get(cls.__qualname__, {})
+
+
+@functools.cache
+def _module_field_docstrings(module_name: str) -> dict[str, dict[str, str]]:
+    """Class name -> {field name: the docstring under it}, for the module's top-level classes (the config
+    sections all are).
+
+    One parse per module, kept: ``inspect.getsource`` of each class parses its whole module again, which
+    made every ``train`` start (it builds its parser up to three times) spend over a second on it.
+    """
+    tree = ast.parse(inspect.getsource(sys.modules[module_name]))
+    return {node.name: _docstrings_under_fields(node.body) for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _docstrings_under_fields(body: list[ast.stmt]) -> dict[str, str]:
+    """``field: type`` statements followed by a string statement: field name -> that string, stripped."""
     docs = {}
     for node, following in zip(body, body[1:]):
         if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
