@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from trainer_testing import TEST_THREADS, result_record, tiny_config, write_tiny_dataset
+from process_testing import TEST_THREADS
+from trainer_testing import result_record, tiny_config, write_tiny_dataset
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 from long_runs_testing import EXIT_TIMEOUT_S, REPO
-from trainer_testing import TEST_THREADS, tiny_config
+from process_testing import TEST_THREADS
+from trainer_testing import tiny_config
 
 from trainer.checkpoint.manifest import MANIFEST_FILE
 from trainer.checkpoint.store import LATEST_FILE, METADATA_FILE, checkpoint_dir, latest_iteration

@@ -30,10 +30,6 @@ from trainer.config import (
 from trainer.models.t5.settings import T5Config
 from trainer.train import train
 
-# Intra-op threads of every in-process run of the trainer tests (conftest pins them; a subprocess whose results
-# are compared bit for bit with an in-process run sets the same): one, as each launched rank has (torchrun's
-# default for several processes a node). A CPU matmul's rounding depends on the thread count.
-TEST_THREADS = 1
 # The tiny model of the parity tests: vocab 256 pads to 256 for tp 1 and 2 (multiple of 64 x tp = 128).
 TINY_VOCAB = 256
 TINY_DIVISIBLE_BY = 64
