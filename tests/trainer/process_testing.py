@@ -5,9 +5,10 @@ Starting a CPU process that imports the trainer costs seconds (four at once on t
 of a tiny model less. So the processes of a world size are kept between launches, a pool per world size, and each
 launch is as a fresh start would be to its jobs: the test's environment variables and working directory, one
 intra-op thread, torch.compile's caches emptied, and a process group of its own (created for the launch, over a
-new port, destroyed after it). Several jobs share one launch and its group (each job builds its own mesh). A
-launch that fails, hangs past its time limit or is interrupted ends its pool (processes killed, never left
-running); the next launch starts a new one. The pools end with the session.
+new port, destroyed after it; DTensor's cached sharding decisions, which hold the meshes of earlier groups,
+emptied). Several jobs share one launch and its group (each job builds
+its own mesh). A launch that fails, hangs past its time limit or is interrupted ends its pool (processes killed,
+never left running); the next launch starts a new one. The pools end with the session.
 
 The functions must be importable module-level functions (the processes are spawned) that return
 JSON-serialisable results.
@@ -30,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.distributed.tensor import DTensor
 
 # Intra-op threads of every launched rank and of every in-process run of the trainer tests (conftest pins them; a
 # subprocess whose results are compared bit for bit with an in-process run sets the same): one, torchrun's default
@@ -49,6 +51,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _forget_earlier_meshes() -> None:
+    """Empty DTensor's caches of sharding decisions, as a fresh process has them: a cached decision holds the mesh
+    it was made on, and a mesh equals any other of the same ranks and dim names whatever its process groups, so a
+    decision of an earlier launch could name one of that launch's groups, gone since."""
+    DTensor._op_dispatcher.sharding_propagator.propagate_op_sharding.cache_clear()
+    clear_fast_path = getattr(torch._C, "_clear_DTensor_sharding_propagator_cache", None)  # (the C++ fast path's)
+    if clear_fast_path is not None:
+        clear_fast_path()
+
+
 def _run_launch(rank: int, world_size: int, port: int, environment: dict[str, str], cwd: str, jobs: list[Job],
                 out: str) -> None:
     """One launch in a pool worker: a fresh process's view (environment, directory, threads, compile caches) and
@@ -60,6 +72,7 @@ def _run_launch(rank: int, world_size: int, port: int, environment: dict[str, st
     torch.set_num_threads(TEST_THREADS)
     torch._dynamo.reset()
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    _forget_earlier_meshes()
     try:
         results = [function(*args, **kwargs) for function, args, kwargs in jobs]
     finally:

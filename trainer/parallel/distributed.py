@@ -10,6 +10,7 @@ for, the others wait for node 0 to listen; after ``dist_timeout`` seconds either
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import multiprocessing
 import os
@@ -40,8 +41,14 @@ logger = logging.getLogger(__name__)
 CONNECT_RETRY_S = 0.5
 # Set by torch's elastic agent (our launcher, torchrun) in every worker: 0 on the first attempt, then 1, 2, ...
 RESTART_COUNT_VARIABLE = "TORCHELASTIC_RESTART_COUNT"
-# The prefix of one attempt's process-group keys in the launcher's store.
+# The prefix of one attempt's process-group keys in the launcher's store; each group of the attempt adds its number.
 ATTEMPT_PREFIX = "tokenmill/attempt_"
+GROUP_PREFIX = "/group_"
+# The groups this process has created (`init_distributed`), numbered from 0. A script that runs `train` twice under
+# torchrun creates two groups over the one store of the launcher: the second, meeting under the first's keys, read
+# the addresses and progress records of a group already gone (and hung in its first collective). The ranks create
+# their groups in step (each command is collective), so a group's number is the same on every rank.
+_GROUP_NUMBERS = itertools.count()
 # The per-run folder of the launcher's worker error files (under the system temp dir, removed at the end).
 LAUNCH_LOG_PREFIX = "tokenmill_launch_"
 
@@ -87,9 +94,10 @@ def init_distributed(device_type: str, timeout: timedelta | None = None) -> Dist
     if not dist.is_initialized() and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         # torch's launcher keeps one store for all its attempts (--max-restarts), and the process group's keys
         # carry no attempt: a restarted worker could read an address its dead predecessor published. Each
-        # attempt's keys get a prefix of their own.
+        # attempt's keys get a prefix of their own, and each group of an attempt too (`_GROUP_NUMBERS`).
         store, rank, world_size = next(dist.rendezvous("env://"))
-        attempt_store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}", store)
+        attempt_store = dist.PrefixStore(f"{ATTEMPT_PREFIX}{restart_count()}{GROUP_PREFIX}{next(_GROUP_NUMBERS)}",
+                                         store)
         dist.init_process_group(backend="nccl" if device_type == "cuda" else "gloo", store=attempt_store, rank=rank,
                                 world_size=world_size, timeout=timeout)
         owns = True
