@@ -20,6 +20,7 @@ import atexit
 import json
 import multiprocessing.queues
 import os
+import pickle
 import queue
 import socket
 import time
@@ -95,7 +96,7 @@ def _serve(rank: int, world_size: int, parent: int, inbox: multiprocessing.queue
         if launch is None:
             return
         try:
-            _run_launch(rank, world_size, *launch)
+            _run_launch(rank, world_size, *pickle.loads(launch))
         except BaseException:
             outbox.put((rank, traceback.format_exc()))
             return
@@ -124,7 +125,10 @@ class _Pool:
             TimeoutError: not every worker answered within LAUNCH_TIMEOUT_S.
             RuntimeError: a worker failed a job (its traceback) or died.
         """
-        message = (free_port(), dict(os.environ), os.getcwd(), jobs, str(out))
+        # Pickled here by the standard pickler: tensors among the jobs' arguments travel as bytes, where the queue's
+        # own pickler would pass their storage as file descriptors through a listener in a temporary folder of the
+        # parent's (left behind for the interpreter's exit, after pytest has removed the folder).
+        message = pickle.dumps((free_port(), dict(os.environ), os.getcwd(), jobs, str(out)))
         for inbox in self.inboxes:
             inbox.put(message)
         deadline = time.monotonic() + LAUNCH_TIMEOUT_S
