@@ -6,9 +6,9 @@ of a tiny model less. So the processes of a world size are kept between launches
 launch is as a fresh start would be to its jobs: the test's environment variables and working directory, one
 intra-op thread, torch.compile's caches emptied, and a process group of its own (created for the launch, over a
 new port, destroyed after it; DTensor's cached sharding decisions, which hold the meshes of earlier groups,
-emptied). Several jobs share one launch and its group (each job builds
-its own mesh). A launch that fails, hangs past its time limit or is interrupted ends its pool (processes killed,
-never left running); the next launch starts a new one. The pools end with the session.
+emptied). Several jobs share one launch and its group (each job builds its own mesh). A launch that fails, hangs
+past its time limit or is interrupted ends its pool (processes killed, never left running); the next launch starts
+a new one. The pools end with the session.
 
 The functions must be importable module-level functions (the processes are spawned) that return
 JSON-serialisable results.
@@ -64,8 +64,8 @@ def _forget_earlier_meshes() -> None:
 
 def _run_launch(rank: int, world_size: int, port: int, environment: dict[str, str], cwd: str, jobs: list[Job],
                 out: str) -> None:
-    """One launch in a pool worker: a fresh process's view (environment, directory, threads, compile caches) and
-    a process group of its own for ``jobs``; rank 0 writes their results to ``out`` as JSON."""
+    """One launch in a pool worker: a fresh process's view (environment, directory, threads, compile and sharding
+    caches) and a process group of its own for ``jobs``; rank 0 writes their results to ``out`` as JSON."""
     os.environ.clear()
     os.environ.update(environment, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
@@ -84,8 +84,8 @@ def _run_launch(rank: int, world_size: int, port: int, environment: dict[str, st
 
 def _serve(rank: int, world_size: int, parent: int, inbox: multiprocessing.queues.Queue,
            outbox: multiprocessing.queues.Queue) -> None:
-    """A pool worker: runs each launch its inbox brings and answers ``(rank, error or None)``; ends on None, on a
-    failed launch (its process group may be stuck: the parent ends the pool) or when its parent is gone."""
+    """A pool worker: runs each launch its inbox brings and answers ``(rank, error or None)``; ends after a failed
+    launch (its process group may be stuck: the parent kills the pool) or when its parent is gone."""
     while True:
         try:
             launch = inbox.get(timeout=POLL_S)
@@ -93,8 +93,6 @@ def _serve(rank: int, world_size: int, parent: int, inbox: multiprocessing.queue
             if os.getppid() != parent:
                 return
             continue
-        if launch is None:
-            return
         try:
             _run_launch(rank, world_size, *pickle.loads(launch))
         except BaseException:
@@ -173,7 +171,7 @@ _pools: dict[int, _Pool] = {}
 
 
 def close_pools() -> None:
-    """End every pool's workers (at the session's end; also registered with atexit)."""
+    """Kill every pool's workers (registered with atexit: the session's end)."""
     while _pools:
         _pools.popitem()[1].close()
 
