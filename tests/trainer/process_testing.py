@@ -190,7 +190,9 @@ def run_jobs(world_size: int, jobs: list[Job], workdir: Path) -> list:
         RuntimeError: a job raised in some process, or a process died.
     """
     out = workdir / f"results-{time.monotonic_ns()}.json"
-    pool = _pools.get(world_size) or _pools.setdefault(world_size, _Pool(world_size))
+    pool = _pools.get(world_size)
+    if pool is None:
+        pool = _pools[world_size] = _Pool(world_size)
     try:
         pool.launch(jobs, out)
     except BaseException:
