@@ -164,11 +164,11 @@ def test_a_training_step_waits_for_the_device_only_to_read_its_figures(family, m
     original_queue = train_module.queue_host_read
 
     def watched(method):
-        def run(self, *args):
+        def run(self, *args, **kwargs):
             mode = torch.cuda.get_sync_debug_mode()
             torch.cuda.set_sync_debug_mode("error")
             try:
-                return method(self, *args)
+                return method(self, *args, **kwargs)
             finally:
                 torch.cuda.set_sync_debug_mode(mode)
 

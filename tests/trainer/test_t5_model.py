@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from trainer.models.t5.model import T5, T5Shape, relative_position_bucket
+from trainer.models.t5.model import T5, T5Shape, position_bias, relative_position_bucket
 from trainer.models.t5.pipeline import split_t5_stage
 
 
@@ -31,6 +31,23 @@ def test_position_buckets_match_hugging_face(bidirectional):
     for buckets, distance in ((32, 128), (8, 20)):
         expected = T5Attention._relative_position_bucket(relative, bidirectional, buckets, distance)
         assert torch.equal(relative_position_bucket(relative, bidirectional, buckets, distance), expected)
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+@pytest.mark.parametrize("query_length,key_length,query_offset",
+                         [(10, 10, 0), (1, 40, 39), (3, 12, 9), (1, 1, 0), (7, 30, 0), (30, 7, 0)])
+def test_position_bias_is_each_pairs_bucket_row(bidirectional, query_length, key_length, query_offset):
+    # The definition: bias[0, h, q, k] = rows[bucket(k - (query_offset + q)), h]; its gradient sums the pairs of
+    # each bucket. float64, where the windows' order of addition cannot show.
+    rows = torch.randn(8, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0), requires_grad=True)
+    query = torch.arange(query_offset, query_offset + query_length)[:, None]
+    buckets = relative_position_bucket(torch.arange(key_length)[None, :] - query, bidirectional, 8, 20)
+    expected = rows[buckets].permute(2, 0, 1)[None]
+    bias = position_bias(rows, bidirectional, 20, query_length, key_length, query_offset)
+    assert torch.equal(bias, expected)
+    upstream = torch.randn(bias.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(torch.autograd.grad(bias, rows, upstream)[0],
+                               torch.autograd.grad(expected, rows, upstream)[0], rtol=1e-12, atol=1e-12)
 
 
 def test_variants_tie_and_gate_as_configured():

@@ -150,10 +150,17 @@ def position_bias(rows: torch.Tensor, bidirectional: bool, max_distance: int, qu
     Returns:
         [1, heads, query_length, key_length], rows' dtype.
     """
-    query = torch.arange(query_offset, query_offset + query_length, device=rows.device)[:, None]
-    key = torch.arange(key_length, device=rows.device)[None, :]
-    buckets = relative_position_bucket(key - query, bidirectional, rows.shape[0], max_distance)
-    return rows[buckets].permute(2, 0, 1).unsqueeze(0)
+    # A bias depends on the key's distance from the query only: each of the query_length + key_length - 1
+    # distances is looked up once, and the [queries, keys] matrix is that table's overlapping windows. Indexing
+    # ``rows`` by the whole [queries, keys] bucket matrix instead sends the backward through index_put's
+    # accumulation, which on CUDA adds the query_length * key_length / buckets gradients of each bucket one after
+    # another: 18 ms a step of mT5-base at 512 positions on an H200, a fifth of its kernel time (profile_t5).
+    nearest = -(query_offset + query_length - 1)  # key 0 from the last query
+    distance = torch.arange(nearest, key_length - query_offset, device=rows.device)
+    table = rows[relative_position_bucket(distance, bidirectional, rows.shape[0], max_distance)]
+    # Window i of the table holds the distances of query query_length - 1 - i to keys 0, 1, ...
+    windows = table.unfold(0, key_length, 1)  # [query_length, heads, key_length], last query first
+    return windows.flip(0).transpose(0, 1).unsqueeze(0)
 
 
 class Attention(nn.Module):
