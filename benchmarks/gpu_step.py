@@ -384,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="micro-batches to measure (default: the model's own, as in the module docstring)")
     parser.add_argument("--max-micro-batch", type=int, metavar="LIMIT",
                         help="also measure the largest micro-batch (the model's own doubled, up to LIMIT) at which "
-                             f"our eager step stays within {FIT_FRACTION:.0%} of the device's memory")
+                             f"our eager step stays within {FIT_FRACTION * 100:.0f}%% of the device's memory")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write every figure to this JSON file")
     return parser
 
