@@ -171,9 +171,14 @@ class SideResult:
 
     seconds_per_step: list[float]
     """Each window's wall time per step, in the order run."""
-    last_loss: float
+    losses: list[float]
+    """Every step's loss, warm-up steps first (read once, after the last window)."""
     peak_memory_bytes: int | None
     """None on a CPU."""
+
+    @property
+    def last_loss(self) -> float:
+        return self.losses[-1]
 
     @property
     def median_seconds_per_step(self) -> float:
@@ -187,8 +192,7 @@ def _synchronize(device: torch.device) -> None:
 
 def _timed(device: torch.device, timing: Timing, step: Callable[[int], torch.Tensor]) -> SideResult:
     """Run ``step(index) -> loss`` as ``timing`` says, each window timed from a drained device to a drained one."""
-    for index in range(timing.warmup):
-        step(index)
+    losses = [step(index).detach() for index in range(timing.warmup)]  # read at the end: no host read in a window
     _synchronize(device)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -197,11 +201,12 @@ def _timed(device: torch.device, timing: Timing, step: Callable[[int], torch.Ten
         first = timing.warmup + window * timing.steps
         begin = time.perf_counter()
         for index in range(first, first + timing.steps):
-            loss = step(index)
+            losses.append(step(index).detach())
         _synchronize(device)
         seconds_per_step.append((time.perf_counter() - begin) / timing.steps)
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None
-    return SideResult(seconds_per_step=seconds_per_step, last_loss=float(loss), peak_memory_bytes=peak)
+    return SideResult(seconds_per_step=seconds_per_step, losses=torch.stack(losses).float().tolist(),
+                      peak_memory_bytes=peak)
 
 
 def build_ours(work: Workload, batches: list, device: torch.device,
@@ -292,7 +297,7 @@ def report(name: str, work: Workload, side: SideResult, peak_flops: float | None
     print(f"  {name:5s}: {tokens_per_s:12,.0f} tokens/s  {samples_per_s:9.2f} samples/s  {tflops:8.2f} TFLOP/s  "
           f"MFU {mfu_text}  peak memory {memory_text}  last loss {side.last_loss:.4f}")
     return {"tokens_per_s": tokens_per_s, "samples_per_s": samples_per_s, "tflops": tflops, "mfu": mfu,
-            "peak_memory_gib": peak_gib, "last_loss": side.last_loss,
+            "peak_memory_gib": peak_gib, "last_loss": side.last_loss, "losses": side.losses,
             "window_tokens_per_s": [work.micro_batch_size * work.tokens_per_sample / seconds
                                     for seconds in side.seconds_per_step]}
 
@@ -354,11 +359,19 @@ def benchmark(family: str, args: argparse.Namespace, device: torch.device) -> li
         ours_figures = report("ours", work, ours, peak)
         plain_figures = report("plain", work, plain, peak)
         ratio = ours_figures["tokens_per_s"] / plain_figures["tokens_per_s"]
-        print(f"  ratio ours/plain: {ratio:.3f} (target >= 0.95)")
+        gap = largest_loss_gap(ours.losses, plain.losses)
+        print(f"  ratio ours/plain: {ratio:.3f} (target >= 0.95); losses apart by at most {gap['gap']:.4f} "
+              f"(step {gap['step']}: {gap['ours']:.4f} ours, {gap['plain']:.4f} plain)")
         records.append({"model": family, "mode": mode, "micro_batch_size": micro_batch_size,
                         "tokens_per_sample": work.tokens_per_sample, "ours": ours_figures, "plain": plain_figures,
-                        "ratio": ratio})
+                        "ratio": ratio, "largest_loss_gap": gap})
     return records
+
+
+def largest_loss_gap(ours: list[float], plain: list[float]) -> dict:
+    """The step (0-based, warm-up included) where the two sides' losses differ most, and both losses there."""
+    step = max(range(len(ours)), key=lambda index: abs(ours[index] - plain[index]))
+    return {"step": step, "gap": abs(ours[step] - plain[step]), "ours": ours[step], "plain": plain[step]}
 
 
 def write_json(path: Path, record: dict) -> None:

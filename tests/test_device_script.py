@@ -70,7 +70,11 @@ def _assert_throughput_runs(runs: list[dict]) -> None:
                                                                   / run["plain"]["tokens_per_s"])
         for side in (run["ours"], run["plain"]):
             assert side["tokens_per_s"] > 0 and math.isfinite(side["last_loss"])
+            assert len(side["losses"]) == len(run["ours"]["losses"]) and side["losses"][-1] == side["last_loss"]
             assert side["mfu"] is None and side["peak_memory_gib"] is None  # no bf16 peak, no device memory on a CPU
+        gap = run["largest_loss_gap"]  # where the two sides' losses part most (a step of warm-up or windows)
+        assert gap["gap"] == max(abs(a - b) for a, b in zip(run["ours"]["losses"], run["plain"]["losses"]))
+        assert gap["ours"] == run["ours"]["losses"][gap["step"]]
 
 
 @pytest.mark.timeout(DRY_RUN_TIMEOUT_S + 60)
