@@ -45,6 +45,7 @@ def test_position_bias_is_each_pairs_bucket_row(bidirectional, query_length, key
     expected = rows[buckets].permute(2, 0, 1)[None]
     bias = position_bias(rows, bidirectional, 20, query_length, key_length, query_offset)
     assert torch.equal(bias, expected)
+    assert bias.is_contiguous()  # as SDPA's fused kernels want their inputs
     upstream = torch.randn(bias.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(torch.autograd.grad(bias, rows, upstream)[0],
                                torch.autograd.grad(expected, rows, upstream)[0], rtol=1e-12, atol=1e-12)

@@ -182,7 +182,7 @@ class ShardedT5:
         elif rank == first_decoder:
             memory = stage.encoder_norm(h)
             # One row holds every relative distance a step needs (0 back to max_length - 1).
-            position_bias = stage.decoder_position_bias(1, max_length, query_offset=max_length - 1).contiguous()
+            position_bias = stage.decoder_position_bias(1, max_length, query_offset=max_length - 1)
             for later in range(rank + 1, self.pp):
                 self._send(memory, later)
                 self._send(position_bias, later)
