@@ -51,6 +51,26 @@ def test_position_bias_is_each_pairs_bucket_row(bidirectional, query_length, key
                                torch.autograd.grad(expected, rows, upstream)[0], rtol=1e-12, atol=1e-12)
 
 
+def test_every_attention_mask_handed_to_sdpa_has_contiguous_keys(monkeypatch):
+    # On CUDA, SDPA's fused kernels refuse a mask whose last dimension is strided (sdp_utils'
+    # check_last_dim_stride_equals_1_dense; the CPU's kernels accept it) and fall back to the math path, in
+    # float32: T5's self-attentions did, their masks built from a permuted lookup of the position bias.
+    strides = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def recording(q, k, v, attn_mask=None, **kwargs):
+        strides.append(None if attn_mask is None else attn_mask.stride(-1))
+        return sdpa(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", recording)
+    encoder, decoder, mask = inputs()  # the first sequence padded: a padding bias joins the encoder's
+    model = T5(shape())
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        model(encoder, decoder, mask).float().square().mean().backward()
+    attentions = model.shape.num_encoder_layers + 2 * model.shape.num_decoder_layers  # decoder: self and cross
+    assert len(strides) == attentions and set(strides) == {1}
+
+
 def test_variants_tie_and_gate_as_configured():
     v1_0 = T5(shape(feed_forward="relu", tie_word_embeddings=True))
     mt5 = T5(shape(feed_forward="gated-gelu", tie_word_embeddings=False, scale_decoder_outputs=False))

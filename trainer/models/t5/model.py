@@ -160,9 +160,8 @@ def position_bias(rows: torch.Tensor, bidirectional: bool, max_distance: int, qu
     table = rows[relative_position_bucket(distance, bidirectional, rows.shape[0], max_distance)]
     # Window i of the table holds the distances of query query_length - 1 - i to keys 0, 1, ...
     windows = table.unfold(0, key_length, 1)  # [query_length, heads, key_length], last query first
-    # Contiguous: flip keeps the windows' stride of `heads` in the last dimension, and SDPA's choice of kernel
-    # checks its inputs' last strides ("All fused kernels require the last dimension of the input to have stride
-    # 1", attn_mask among them); its fallback, the math path, computes in float32.
+    # Contiguous: flip keeps the windows' stride of `heads` in the last dimension, and on CUDA SDPA's fused
+    # kernels refuse a mask strided there (the CPU's take it), leaving the math path, which computes in float32.
     return windows.flip(0).transpose(0, 1).unsqueeze(0).contiguous()
 
 
