@@ -247,3 +247,27 @@ def test_compiled_gpt_trains_like_eager_with_the_device_adamw_kernel(tiny_prefix
     assert compiled["losses"] == pytest.approx(eager["losses"], rel=COMPILE_RTOL)
     assert compiled["grad_norms"] == pytest.approx(eager["grad_norms"], rel=COMPILE_RTOL)
     assert "AdamW kernel: fused" in caplog.text
+
+
+@pytest.mark.skipif(torch.device(DEVICE).type != "cuda",
+                    reason="the CPU's fused attention takes no mask that requires a gradient, T5's always does")
+def test_t5_attention_runs_in_fused_kernels_in_bf16():
+    # T5's attention masks carry the learned position bias. On CUDA a mask strided in its last dimension sends
+    # SDPA to its math path, which computes in float32 (the encoder's masks did until 67361ea). With the math
+    # path excluded, a bf16 step of a padded batch must still run, and the bias tables get their gradients.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainer.models.t5.model import T5, T5Shape
+
+    model = T5(T5Shape(vocab_size=TINY_VOCAB, d_model=64, d_kv=16, d_ff=128, num_heads=4, num_encoder_layers=2,
+                       num_decoder_layers=2)).to(DEVICE)
+    generator = torch.Generator().manual_seed(0)
+    encoder = torch.randint(2, TINY_VOCAB, (2, 32), generator=generator).to(DEVICE)
+    decoder = torch.randint(2, TINY_VOCAB, (2, 16), generator=generator).to(DEVICE)
+    mask = torch.ones_like(encoder)
+    mask[0, 20:] = 0
+    fused = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+    with sdpa_kernel(fused), torch.autocast("cuda", dtype=torch.bfloat16):
+        model(encoder, decoder, mask).float().square().mean().backward()
+    for table in (model.encoder_position_bias, model.decoder_position_bias):
+        assert torch.isfinite(table.embedding.weight.grad).all() and table.embedding.weight.grad.abs().sum() > 0

@@ -162,6 +162,7 @@ def position_bias(rows: torch.Tensor, bidirectional: bool, max_distance: int, qu
     windows = table.unfold(0, key_length, 1)  # [query_length, heads, key_length], last query first
     # Contiguous: flip keeps the windows' stride of `heads` in the last dimension, and on CUDA SDPA's fused
     # kernels refuse a mask strided there (the CPU's take it), leaving the math path, which computes in float32.
+    # Of the fused kernels only the memory-efficient one takes a mask that requires a gradient, as this one does.
     return windows.flip(0).transpose(0, 1).unsqueeze(0).contiguous()
 
 
