@@ -54,7 +54,7 @@ def test_position_bias_is_each_pairs_bucket_row(bidirectional, query_length, key
 def test_every_attention_mask_handed_to_sdpa_has_contiguous_keys(monkeypatch):
     # On CUDA, SDPA's fused kernels refuse a mask whose last dimension is strided (sdp_utils'
     # check_last_dim_stride_equals_1_dense; the CPU's kernels accept it) and fall back to the math path, in
-    # float32: T5's self-attentions did, their masks built from a permuted lookup of the position bias.
+    # float32: T5's encoder did, its masks built from a permuted lookup of the position bias.
     strides = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
